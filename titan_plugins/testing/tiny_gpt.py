@@ -1,0 +1,286 @@
+"""A tiny MoE GPT on unmodified megatron-core, trained through megatron's own schedules.
+
+For tests of plugins on CPU/gloo (install ``cpu_harness`` first; the gloo worker pool does).
+Typical task, run on every rank of a ``GlooWorkerPool``::
+
+    tiny_gpt.init_parallel(ep=2)
+    cfg = tiny_gpt.make_config()
+    chunks = tiny_gpt.build_model(cfg)
+    losses, grad_norms = tiny_gpt.train(chunks, cfg, steps=5)
+
+Data: ``fixed_batches`` depends only on ``seed``, so every data-parallel rank sees the SAME
+microbatches. That makes any layout (DP, EP, PP, VPP) mathematically the world-size-1 run, which
+is what lets tests compare layouts and plugin-on vs plugin-off runs against one reference.
+megatron is imported lazily (inside functions), so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from titan_plugins.testing.model_state import (
+    global_state_dict,
+    load_global_state_dict,
+    state_snapshot,
+)
+
+if TYPE_CHECKING:
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+__all__ = [
+    "MBS",
+    "SEQ",
+    "VOCAB",
+    "build_model",
+    "fixed_batches",
+    "forward_step",
+    "global_state_dict",
+    "init_parallel",
+    "load_global_state_dict",
+    "make_config",
+    "make_optimizer",
+    "state_snapshot",
+    "train",
+]
+
+VOCAB = 128  # vocabulary size
+SEQ = 16  # sequence length
+MBS = 2  # micro-batch size
+PARALLEL_SEED = 1234  # seed given to model_parallel_cuda_manual_seed: fixes the initial weights
+
+Batch = dict[str, torch.Tensor]
+
+
+def init_parallel(tp: int = 1, pp: int = 1, ep: int = 1, vpp: int | None = None) -> None:
+    """(Re)create megatron's model-parallel state on the existing torch.distributed world.
+
+    Destroys any previous model-parallel groups and resets the RNG tracker first, so tasks sharing
+    a long-lived worker do not see each other's layout; then seeds megatron's RNGs
+    (``model_parallel_cuda_manual_seed(1234)``), which makes the initial weights a function of the
+    layout only. The gloo world group itself is left alone.
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import random as mrandom
+
+    if not torch.distributed.is_initialized():
+        raise RuntimeError(
+            "init_parallel needs torch.distributed initialised: run the task in a "
+            "titan_plugins.testing.workers.GlooWorkerPool (or call init_process_group('gloo'))."
+        )
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    mrandom.get_cuda_rng_tracker().reset()
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp,
+        expert_model_parallel_size=ep,
+    )
+    mrandom.model_parallel_cuda_manual_seed(PARALLEL_SEED)
+
+
+def make_config(**overrides: Any) -> TransformerConfig:
+    """A tiny MoE GPT ``TransformerConfig`` for the current parallel layout; ``overrides`` win.
+
+    2 layers (or one per virtual stage when that is more), hidden 64, 4 heads, ffn 128,
+    4 experts top-2 with the alltoall dispatcher, fp32, dropout 0, CPU initialisation, no linear
+    biases. Parallel sizes come from ``init_parallel``. ``num_moe_experts=None`` gives a dense model.
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    pp = ps.get_pipeline_model_parallel_world_size()
+    vpp = ps.get_virtual_pipeline_model_parallel_world_size()
+    fields: dict[str, Any] = dict(
+        num_layers=max(2, pp * (vpp or 1)),
+        hidden_size=64,
+        num_attention_heads=4,
+        ffn_hidden_size=128,
+        num_moe_experts=4,
+        moe_router_topk=2,
+        moe_token_dispatcher_type="alltoall",
+        moe_aux_loss_coeff=1e-2,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_cpu_initialization=True,
+        add_bias_linear=False,
+        bf16=False,
+        params_dtype=torch.float32,
+        tensor_model_parallel_size=ps.get_tensor_model_parallel_world_size(),
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp,
+        expert_model_parallel_size=ps.get_expert_model_parallel_world_size(),
+    )
+    if pp > 1:
+        fields["pipeline_dtype"] = torch.float32  # P2P buffers are allocated in this dtype
+    fields.update(overrides)
+    if fields.get("num_moe_experts") is None:
+        # Dense model: the MoE-only fields would fail TransformerConfig validation.
+        for key in ("moe_router_topk", "moe_token_dispatcher_type", "moe_aux_loss_coeff"):
+            if key not in overrides:
+                fields.pop(key)
+    return TransformerConfig(**fields)
+
+
+def build_model(cfg: TransformerConfig, vpp: int | None = None, ddp: bool = True) -> list:
+    """Build the GPT model chunks of this rank (one per virtual pipeline stage).
+
+    Each chunk gets the right ``pre_process`` / ``post_process`` for its (virtual) stage. With
+    ``ddp=True`` chunks are wrapped in megatron's DistributedDataParallel (``Float16Module`` first
+    when ``cfg.bf16`` / ``cfg.fp16``); ``ddp=False`` returns bare ``GPTModel``s (e.g. to load
+    weights before wrapping with ``wrap_ddp``). ``vpp`` defaults to the config's virtual size.
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    vpp = vpp or cfg.virtual_pipeline_model_parallel_size
+    spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts)
+    chunks = []
+    for index in range(vpp or 1):
+        vp_stage = index if vpp else None
+        chunks.append(
+            GPTModel(
+                cfg,
+                spec,
+                vocab_size=VOCAB,
+                max_sequence_length=SEQ,
+                pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+                post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+                vp_stage=vp_stage,
+            )
+        )
+    return wrap_ddp(chunks, cfg) if ddp else chunks
+
+
+def wrap_ddp(chunks: list, cfg: TransformerConfig) -> list:
+    """Wrap bare model chunks in megatron DDP (and ``Float16Module`` for bf16/fp16 configs)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.transformer.module import Float16Module
+
+    half = bool(cfg.bf16 or cfg.fp16)
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=half, overlap_grad_reduce=False, use_distributed_optimizer=False
+    )
+    wrapped = []
+    for index, chunk in enumerate(chunks):
+        module = Float16Module(cfg, chunk) if half else chunk
+        # Bucketing only for the first chunk, as megatron.training does for virtual stages.
+        wrapped.append(
+            DistributedDataParallel(cfg, ddp_config, module, disable_bucketing=index > 0)
+        )
+    return wrapped
+
+
+def fixed_batches(num_microbatches: int, seed: int = 0) -> list[Batch]:
+    """``num_microbatches`` deterministic microbatches of random tokens (same on every rank).
+
+    Each is a dict with ``tokens``, ``labels`` (tokens shifted by one), ``position_ids`` and
+    ``loss_mask``, all of shape ``[MBS, SEQ]``.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(num_microbatches):
+        ids = torch.randint(0, VOCAB, (MBS, SEQ + 1), generator=generator)
+        batches.append(
+            {
+                "tokens": ids[:, :-1].contiguous(),
+                "labels": ids[:, 1:].contiguous(),
+                "position_ids": torch.arange(SEQ).unsqueeze(0).expand(MBS, -1).contiguous(),
+                "loss_mask": torch.ones(MBS, SEQ),
+            }
+        )
+    return batches
+
+
+def forward_step(
+    data_iterator: Iterator[Batch], model: Any, return_schedule_plan: bool = False
+) -> tuple[Any, Any]:
+    """megatron ``forward_step_func``: next microbatch through ``model``; loss summed over tokens.
+
+    The loss function returns ``(loss_sum, num_tokens, {"lm loss": [loss_sum, num_tokens]})``, so
+    the schedules average per token. ``return_schedule_plan=True`` is the EP-overlap (combined
+    1F1B) path: it returns ``model.build_schedule_plan(...)`` instead of running the forward.
+    """
+    batch = next(data_iterator)
+
+    def loss_func(output_tensor: torch.Tensor) -> tuple:
+        mask = batch["loss_mask"].view(-1).float()
+        loss = torch.sum(output_tensor.view(-1).float() * mask)
+        num_tokens = mask.sum().to(torch.int)
+        report = torch.stack([loss.detach().clone(), num_tokens.float()])
+        return loss, num_tokens, {"lm loss": report}
+
+    args = (batch["tokens"], batch["position_ids"], None)
+    if return_schedule_plan:
+        return model.build_schedule_plan(*args, labels=batch["labels"]), loss_func
+    return model(*args, labels=batch["labels"]), loss_func
+
+
+def make_optimizer(chunks: list, cfg: TransformerConfig, lr: float = 1e-3) -> Any:
+    """megatron's Adam (``get_megatron_optimizer``) with grad clipping at 1.0, matching ``cfg``."""
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    config = OptimizerConfig(
+        optimizer="adam",
+        lr=lr,
+        bf16=bool(cfg.bf16),
+        fp16=bool(cfg.fp16),
+        params_dtype=cfg.params_dtype,
+        use_distributed_optimizer=False,
+        clip_grad=1.0,
+    )
+    return get_megatron_optimizer(config, chunks)
+
+
+def train(
+    chunks: list,
+    cfg: TransformerConfig,
+    steps: int,
+    num_microbatches: int = 2,
+    seed: int = 0,
+    lr: float = 1e-3,
+    optimizer: Any = None,
+) -> tuple[list[float], list[float]]:
+    """Train ``steps`` steps on ``fixed_batches(num_microbatches, seed)`` (the same data each step).
+
+    Uses ``get_forward_backward_func()`` (so PP/VPP/EP-overlap pick megatron's matching schedule),
+    megatron's ``finalize_model_grads`` (DP/EP grad reduction, tied-embedding sync) and a fresh
+    ``make_optimizer(chunks, cfg, lr)`` unless ``optimizer`` is given.
+    Returns ``(losses, grad_norms)``: the per-token LM loss of each step on the last pipeline stage
+    (``[]`` elsewhere) and the global grad norm of each step (on every rank).
+    """
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    if cfg.finalize_model_grads_func is None:
+        cfg.finalize_model_grads_func = finalize_model_grads
+    optimizer = optimizer or make_optimizer(chunks, cfg, lr)
+    forward_backward = get_forward_backward_func()
+    batches = fixed_batches(num_microbatches, seed)
+    losses: list[float] = []
+    grad_norms: list[float] = []
+    for _ in range(steps):
+        for chunk in chunks:
+            chunk.zero_grad_buffer()
+        optimizer.zero_grad()
+        # One iterator per chunk: each virtual stage consumes every microbatch once.
+        iterators = [iter(batches) for _ in chunks]
+        outputs = forward_backward(
+            forward_step_func=forward_step,
+            data_iterator=iterators if len(chunks) > 1 else iterators[0],
+            model=chunks if len(chunks) > 1 else chunks[0],
+            num_microbatches=num_microbatches,
+            seq_length=SEQ,
+            micro_batch_size=MBS,
+            forward_only=False,
+        )
+        _, grad_norm, _ = optimizer.step()
+        grad_norms.append(float(grad_norm))
+        if outputs:  # only the last pipeline stage gets the loss reports
+            total = torch.stack([out["lm loss"] for out in outputs]).sum(0)
+            losses.append((total[0] / total[1]).item())
+    return losses, grad_norms
