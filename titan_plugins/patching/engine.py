@@ -1,0 +1,219 @@
+"""The patch engine: ordered, idempotent, all-or-nothing per target, undoable, reported."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from titan_plugins._log import logger
+from titan_plugins.patching import gates, targets
+from titan_plugins.patching.record import APPLIED, FAILED, MISSING, PENDING, SKIPPED, Patch
+from titan_plugins.settings import strict
+
+ALIAS_PREFIXES = ("megatron.",)
+
+
+class PatchError(RuntimeError):
+    """A patch failed or its version gate did not hold, under TITAN_PLUGINS_STRICT=1."""
+
+
+@dataclass
+class _Target:
+    """All patches of one ``module:attr`` and what the engine did to it."""
+
+    key: str
+    patches: list[Patch] = field(default_factory=list)
+    module: ModuleType | None = None
+    owner: Any = None
+    attr: str = ""
+    baseline: Any = MISSING
+    applied: Any = MISSING
+    aliases: list[tuple[ModuleType, str]] = field(default_factory=list)
+
+    @property
+    def is_applied(self) -> bool:
+        return self.module is not None
+
+
+class PatchEngine:
+    """Holds patch records and applies them when (or once) their modules have executed."""
+
+    def __init__(self) -> None:
+        self._targets: dict[str, _Target] = {}
+        self._ids: dict[str, Patch] = {}
+        self._order: list[str] = []
+
+    # ---------------------------------------------------------------- registration
+    def register(self, patch: Patch, plugin: str = "") -> None:
+        """Add a record; apply it at once if its module is already imported.
+
+        :raises ValueError: a duplicate patch id.
+        """
+        if patch.id in self._ids:
+            raise ValueError(f"duplicate patch id {patch.id!r}")
+        patch.plugin = plugin or patch.plugin
+        self._ids[patch.id] = patch
+        reason = gates.check_all(patch.requires)
+        if reason:
+            patch.set_status(SKIPPED, f"version gate: {reason}")
+            logger.warning("patch %s skipped: %s", patch.id, reason)
+            if strict():
+                raise PatchError(f"patch {patch.id}: {reason} (TITAN_PLUGINS_STRICT=1)")
+            return
+        target = self._targets.get(patch.target)
+        if target is None:
+            target = self._targets[patch.target] = _Target(patch.target)
+            self._order.append(patch.target)
+        if target.is_applied:
+            self._unapply(target)  # re-apply the whole chain with the newcomer at its end
+        target.patches.append(patch)
+        self.apply_module_if_ready(patch.module)
+
+    def withdraw(self, plugin: str) -> None:
+        """Remove (and undo) every patch of ``plugin``; used when its registration failed."""
+        for key in list(self._order):
+            target = self._targets[key]
+            if not any(p.plugin == plugin for p in target.patches):
+                continue
+            if target.is_applied:
+                self._unapply(target)
+            target.patches = [p for p in target.patches if p.plugin != plugin]
+            self.apply_module_if_ready(key.split(":", 1)[0])
+        for pid in [pid for pid, p in self._ids.items() if p.plugin == plugin]:
+            del self._ids[pid]
+
+    # ---------------------------------------------------------------- queries
+    def patches(self) -> list[Patch]:
+        """Every registered record, in registration order."""
+        return list(self._ids.values())
+
+    def watched_modules(self) -> set[str]:
+        """Modules with patches still waiting for the module to execute."""
+        return {
+            t.key.split(":", 1)[0]
+            for t in self._targets.values()
+            if any(p.status == PENDING for p in t.patches)
+        }
+
+    # ---------------------------------------------------------------- application
+    def apply_module_if_ready(self, name: str) -> None:
+        """Apply the targets of ``name`` if that module has finished executing."""
+        module = targets.module_ready(name)
+        if module is not None:
+            self.apply_module(module, fresh=False)
+
+    def apply_ready(self) -> None:
+        """Apply every target whose module has already executed (late activation, retries)."""
+        for name in self.watched_modules():
+            self.apply_module_if_ready(name)
+
+    def apply_module(self, module: ModuleType, fresh: bool) -> None:
+        """Apply every target of ``module``.
+
+        :param fresh: the module body just executed (post-exec hook or reload): its attributes
+            are originals, so any earlier application is forgotten, and no alias can exist yet.
+        """
+        for key in self._order:
+            target = self._targets[key]
+            if key.split(":", 1)[0] != module.__name__:
+                continue
+            if fresh:
+                target.module, target.aliases = None, []
+            self._apply_target(target, module, fresh)
+
+    def _apply_target(self, target: _Target, module: ModuleType, fresh: bool) -> None:
+        active = [p for p in target.patches if p.status != SKIPPED]
+        if not active:
+            return
+        if target.is_applied:
+            current, _ = targets.read_raw(target.owner, target.attr)
+            if target.module is module and current is target.applied:
+                return  # idempotent: already ours
+            self._fail(active, "target changed outside the engine since it was patched")
+            return
+        try:
+            owner, attr = targets.resolve_owner(module, active[0].attr_path)
+        except AttributeError as err:
+            self._missing(active, f"{err}")
+            return
+        baseline, _ = targets.read_raw(owner, attr)
+        if baseline is MISSING and not all(p.create for p in active):
+            self._missing([p for p in active if not p.create], f"{module.__name__} has no {attr!r}")
+            return
+        value = baseline
+        for patch in active:
+            try:
+                value = patch.replace(value)
+            except Exception as err:  # a plugin bug must not break the host's import
+                self._fail(active, f"rolled back: {patch.id} raised {type(err).__name__}: {err}")
+                patch.set_status(FAILED, f"replace() raised {type(err).__name__}: {err}")
+                return
+        try:
+            targets.write(owner, attr, value)
+        except Exception as err:
+            self._fail(active, f"could not set {target.key}: {err}")
+            return
+        target.module, target.owner, target.attr = module, owner, attr
+        target.baseline, target.applied = baseline, value
+        if not fresh and active[0].rebind_aliases and baseline is not MISSING and owner is module:
+            target.aliases = targets.find_aliases(baseline, ALIAS_PREFIXES, skip=module)
+            for alias_module, alias in target.aliases:
+                setattr(alias_module, alias, value)
+        for patch in active:
+            patch.set_status(
+                APPLIED, "late (module imported before activation)" if not fresh else ""
+            )
+            logger.debug("applied %s -> %s", patch.id, target.key)
+
+    def _missing(self, patches: list[Patch], reason: str) -> None:
+        for patch in patches:
+            if patch.optional:
+                patch.set_status(SKIPPED, f"target absent: {reason}")
+            else:
+                patch.set_status(FAILED, f"target absent: {reason}")
+        self._report_failures(patches)
+
+    def _fail(self, patches: list[Patch], reason: str) -> None:
+        for patch in patches:
+            patch.set_status(FAILED, reason)
+        self._report_failures(patches)
+
+    def _report_failures(self, patches: list[Patch]) -> None:
+        failed = [p for p in patches if p.status == FAILED]
+        for patch in failed:
+            logger.warning("patch %s failed: %s", patch.id, patch.detail)
+        if failed and strict():
+            raise PatchError(
+                f"patch {failed[0].id} failed: {failed[0].detail} (TITAN_PLUGINS_STRICT=1)"
+            )
+
+    # ---------------------------------------------------------------- undo
+    def undo(self) -> list[str]:
+        """Restore every target that is still ours, newest first.
+
+        :return: the targets left alone because something else rebound them after us.
+        """
+        left: list[str] = []
+        for key in reversed(self._order):
+            target = self._targets[key]
+            if target.is_applied and not self._unapply(target):
+                left.append(key)
+        return left
+
+    def _unapply(self, target: _Target) -> bool:
+        current, _ = targets.read_raw(target.owner, target.attr)
+        ours = current is target.applied
+        if ours:
+            targets.write(target.owner, target.attr, target.baseline)
+        for module, alias in target.aliases:
+            if getattr(module, alias, None) is target.applied:
+                setattr(module, alias, target.baseline)
+        for patch in target.patches:
+            if patch.status == APPLIED:
+                patch.set_status(
+                    PENDING, "undone" if ours else "not restored: rebound by someone else"
+                )
+        target.module, target.owner, target.aliases = None, None, []
+        target.applied = MISSING
+        return ours

@@ -1,0 +1,100 @@
+"""The declarative patch record and its status."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class _Missing:
+    """Sentinel handed to a ``create=True`` factory when the attribute does not exist yet."""
+
+    _instance: _Missing | None = None
+
+    def __new__(cls) -> _Missing:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+MISSING: Any = _Missing()
+
+PENDING, APPLIED, SKIPPED, FAILED = "pending", "applied", "skipped", "failed"
+
+
+@dataclass
+class Patch:
+    """One lazy monkeypatch, declared by a plugin in ``titan_register_patches``.
+
+    :param id: unique id, ``<plugin>.<what>``.
+    :param target: ``"module:attr"`` or ``"module:Class.attr"``: the namespace where the name is
+        *used* (many megatron modules copy names with ``from x import f``).
+    :param replace: factory ``replace(original) -> replacement``, called once per application with
+        the current value (``MISSING`` for an absent attribute when ``create=True``).
+    :param requires: version gates against installed distributions, e.g.
+        ``("megatron-core>=0.16,<0.17",)``; read from metadata, never by importing.
+    :param rationale: why the patch exists. Required.
+    :param remove_when: when the patch can be deleted. Required.
+    :param upstream: the upstream code or issue it works around.
+    :param optional: a missing target module or attribute is ``skipped`` rather than ``failed``.
+    :param create: the attribute may be absent (the factory gets ``MISSING``; undo deletes it).
+    :param rebind_aliases: on late application, also rebind module-level ``from x import f``
+        copies of the original under ``megatron.`` (functions and classes only).
+    """
+
+    id: str
+    target: str
+    replace: Callable[[Any], Any]
+    rationale: str
+    remove_when: str
+    requires: tuple[str, ...] = ()
+    upstream: str = ""
+    optional: bool = False
+    create: bool = False
+    rebind_aliases: bool = True
+    plugin: str = ""
+    status: str = field(default=PENDING, compare=False)
+    detail: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if ":" not in self.target:
+            raise ValueError(f"patch {self.id}: target {self.target!r} must be 'module:attr'")
+        if not self.rationale.strip() or not self.remove_when.strip():
+            raise ValueError(f"patch {self.id}: rationale and remove_when are required")
+        if isinstance(self.requires, str):
+            self.requires = (self.requires,)
+
+    @property
+    def module(self) -> str:
+        """The module whose execution triggers the patch."""
+        return self.target.split(":", 1)[0]
+
+    @property
+    def attr_path(self) -> str:
+        """``attr`` or ``Class.attr`` inside the module."""
+        return self.target.split(":", 1)[1]
+
+    def set_status(self, status: str, detail: str = "") -> None:
+        """Record the outcome of the last application attempt."""
+        self.status, self.detail = status, detail
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-serialisable view for reports."""
+        return {
+            "id": self.id,
+            "plugin": self.plugin,
+            "target": self.target,
+            "status": self.status,
+            "detail": self.detail,
+            "requires": list(self.requires),
+            "rationale": self.rationale,
+            "upstream": self.upstream,
+            "remove_when": self.remove_when,
+        }

@@ -1,0 +1,45 @@
+"""The registry's state as one JSON-serialisable dict, for ``list``, ``report`` and logs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from titan_plugins import activation
+from titan_plugins.manager import BUILTIN
+from titan_plugins.version import __version__
+
+
+def collect(state: activation.Activation | None = None) -> dict[str, Any]:
+    """Snapshot of installed plugins, their state, hooks, patches and own reports."""
+    state = state or activation.active()
+    out: dict[str, Any] = {
+        "core_version": __version__,
+        "autoload": activation.autoload_state(),
+        "active": bool(state and state.engine is not None),
+        "channel": state.channel if state else None,
+        "inactive_reason": state.inactive_reason if state else "not activated in this process",
+        "plugins": [],
+    }
+    if state is None or state.manager is None:
+        return out
+    pm, engine = state.manager, state.engine
+    patches = engine.patches() if engine else []
+    for name, record in pm.records.items():
+        entry = record.as_dict()
+        plugin = pm.get_plugin(name)
+        entry["hooks"] = sorted(h.name for h in pm.get_hookcallers(plugin) or []) if plugin else []
+        entry["patches"] = [p.as_dict() for p in patches if p.plugin == name]
+        entry["report"] = _own_report(plugin) if plugin else {}
+        out["plugins"].append(entry)
+    out["core_patches"] = [p.as_dict() for p in patches if p.plugin == BUILTIN]
+    return out
+
+
+def _own_report(plugin: Any) -> dict[str, Any]:
+    report = getattr(plugin, "titan_report", None)
+    if report is None:
+        return {}
+    try:
+        return dict(report() or {})
+    except Exception as err:
+        return {"error": f"titan_report raised {type(err).__name__}: {err}"}

@@ -1,0 +1,42 @@
+"""Fake distributions and entry points, for discovery tests without installing anything."""
+
+from __future__ import annotations
+
+import sys
+import types
+from importlib import metadata
+from typing import Any
+
+
+class FakeDistribution:
+    """The few ``importlib.metadata.Distribution`` attributes discovery reads."""
+
+    def __init__(self, name: str, version: str = "0.0.1") -> None:
+        self.name = name
+        self.version = version
+        self.metadata = {"Name": name, "Version": version}
+
+
+def fake_module(name: str, **attrs: Any) -> types.ModuleType:
+    """Create and register an importable in-memory module holding ``attrs``."""
+    module = types.ModuleType(name)
+    module.__dict__.update(attrs)
+    sys.modules[name] = module
+    return module
+
+
+def fake_entry_point(
+    name: str,
+    value: str,
+    distribution: str = "",
+    version: str = "0.0.1",
+    group: str = "titan_plugins",
+) -> metadata.EntryPoint:
+    """An entry point of ``group`` whose ``.dist`` is a :class:`FakeDistribution`."""
+    ep = metadata.EntryPoint(name=name, value=value, group=group)
+    dist = FakeDistribution(distribution or f"fake-{name}", version)
+    try:
+        return ep._for(dist)  # type: ignore[attr-defined]  # how importlib binds .dist
+    except AttributeError:  # pragma: no cover - older importlib
+        object.__setattr__(ep, "dist", dist)
+        return ep
