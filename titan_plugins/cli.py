@@ -16,7 +16,7 @@ from titan_plugins.doctor import FAIL, OK, WARN, Check, core_checks
 def _activate(import_targets: bool) -> activation.Activation:
     state = activation.apply()
     if import_targets and state.engine is not None:
-        for name in sorted(state.engine.watched_modules()):
+        for name in sorted(state.engine.pending_modules()):
             try:
                 importlib.import_module(name)
             except Exception as err:  # report, never crash the CLI

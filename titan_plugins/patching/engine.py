@@ -88,12 +88,20 @@ class PatchEngine:
         """Every registered record, in registration order."""
         return list(self._ids.values())
 
-    def watched_modules(self) -> set[str]:
+    def pending_modules(self) -> set[str]:
         """Modules with patches still waiting for the module to execute."""
         return {
             t.key.split(":", 1)[0]
             for t in self._targets.values()
             if any(p.status == PENDING for p in t.patches)
+        }
+
+    def watched_modules(self) -> set[str]:
+        """Modules whose (re-)execution must be followed by patching: pending or applied."""
+        return {
+            t.key.split(":", 1)[0]
+            for t in self._targets.values()
+            if any(p.status in (PENDING, APPLIED) for p in t.patches)
         }
 
     # ---------------------------------------------------------------- application
@@ -105,7 +113,7 @@ class PatchEngine:
 
     def apply_ready(self) -> None:
         """Apply every target whose module has already executed (late activation, retries)."""
-        for name in self.watched_modules():
+        for name in self.pending_modules():
             self.apply_module_if_ready(name)
 
     def apply_module(self, module: ModuleType, fresh: bool) -> None:
