@@ -1,0 +1,75 @@
+"""Activation overhead: ``import torch`` and ``import megatron.core`` with the core and every
+installed plugin active, versus ``TITAN_PLUGINS=0``, interleaved in one invocation.
+
+Goal (issue 2): ratio <= 1.01. Each sample is a fresh interpreter timing its own import with
+``time.perf_counter`` (interpreter start-up is excluded); runs alternate on/off so machine load
+drifts hit both sides alike. Prints the medians and the ratios.
+
+    .venv/bin/python benchmarks/activation_overhead.py --runs 15
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+SNIPPET = """
+import json, time
+t0 = time.perf_counter()
+import {module}
+t1 = time.perf_counter()
+state = None
+try:
+    from titan_plugins import report
+    data = report.collect()
+    state = {{"active": data["active"], "plugins": [p["name"] for p in data["plugins"] if p["state"] == "enabled"]}}
+except Exception as err:
+    state = {{"error": str(err)}}
+print(json.dumps({{"seconds": t1 - t0, "state": state}}))
+"""
+
+
+def sample(module: str, env_extra: dict[str, str]) -> dict:
+    """Time one import of ``module`` in a fresh interpreter."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TITAN_")}
+    env.update(env_extra, TORCH_COMPILE_DISABLE="1", PYTHONWARNINGS="ignore")
+    out = subprocess.run(
+        [sys.executable, "-c", SNIPPET.format(module=module)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=11, help="samples per side and module")
+    args = parser.parse_args()
+    for module in ("torch", "megatron.core"):
+        on: list[float] = []
+        off: list[float] = []
+        state_on = state_off = None
+        for _ in range(args.runs):
+            a = sample(module, {})
+            b = sample(module, {"TITAN_PLUGINS": "0"})
+            on.append(a["seconds"])
+            off.append(b["seconds"])
+            state_on, state_off = a["state"], b["state"]
+        med_on, med_off = statistics.median(on), statistics.median(off)
+        print(
+            f"import {module}: plugins on {med_on * 1e3:.1f} ms, TITAN_PLUGINS=0 {med_off * 1e3:.1f} ms, "
+            f"ratio {med_on / med_off:.3f}  (median of {args.runs}; goal <= 1.01)"
+        )
+        print(f"    on: {state_on}\n    off: {state_off}")
+
+
+if __name__ == "__main__":
+    main()

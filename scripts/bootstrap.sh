@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Create (or update) .venv with the pinned toolchain, the core and every plugin in editable mode.
+# Idempotent: a second run only re-checks. Used by scripts/demo.sh and scripts/test.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+
+# Mooncake's non-CUDA wheel links libibverbs (Debian libibverbs1); install it when missing.
+if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs.so.1'; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    (apt-get update -qq && apt-get install -y -qq --no-install-recommends libibverbs1 libnuma1 libcurl4) >/dev/null \
+      || echo "bootstrap: could not install libibverbs1; pp_rdma falls back to torch.distributed" >&2
+  else
+    echo "bootstrap: libibverbs1 missing (apt-get install libibverbs1); pp_rdma falls back to torch.distributed" >&2
+  fi
+fi
+
+stamp=.venv/.titan-bootstrap
+want=$(cat requirements/*.txt setup.cfg plugins/*/setup.cfg 2>/dev/null | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -r requirements/dev.txt
+editables=(-e .)
+for plugin in plugins/*/; do
+  [ -f "$plugin/setup.cfg" ] && editables+=(-e "$plugin")
+done
+.venv/bin/python -m pip install -q --no-deps "${editables[@]}"
+echo "$want" > "$stamp"
