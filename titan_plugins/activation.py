@@ -99,7 +99,7 @@ def register_patches(pm: TitanPluginManager, engine: PatchEngine, errors: list[s
     withdrawn (patches undone, reported) while the others keep theirs."""
     from titan_plugins.manager import FAILED
 
-    for impl in reversed(pm.hook.titan_register_patches.get_hookimpls()):
+    for impl in pm.hook.titan_register_patches.get_hookimpls():  # registration order
         name = impl.plugin_name
 
         def register(patch: Patch, _name: str = name) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import types
 from importlib import metadata
+from importlib.machinery import ModuleSpec
 from typing import Any
 
 
@@ -20,6 +21,7 @@ class FakeDistribution:
 def fake_module(name: str, **attrs: Any) -> types.ModuleType:
     """Create and register an importable in-memory module holding ``attrs``."""
     module = types.ModuleType(name)
+    module.__spec__ = ModuleSpec(name, None)  # importlib.util.find_spec needs one
     module.__dict__.update(attrs)
     sys.modules[name] = module
     return module

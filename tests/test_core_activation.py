@@ -1,0 +1,137 @@
+"""Activation in-process: lazy autoload trigger, apply() idempotence, undo, failure isolation."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+
+import pytest
+
+from titan_plugins import activation, hookimpl
+from titan_plugins.patching import APPLIED, Patch
+from titan_plugins.testing import fake_entry_point, fake_module
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    """A fake 'megatron' package on disk and two fake plugins patching it (one is broken)."""
+    for var in (
+        "TITAN_PLUGINS",
+        "TITAN_PLUGINS_AUTOLOAD",
+        "TITAN_PLUGINS_DISABLE",
+        "TITAN_PLUGINS_ONLY",
+        "TITAN_PLUGINS_STRICT",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    root = tmp_path / "megatron_fake_pkg"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "mod.py").write_text(
+        textwrap.dedent("""
+        def f():
+            return "original"
+    """)
+    )
+    (root / "user.py").write_text("from megatron_fake_pkg.mod import f\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    @hookimpl
+    def titan_register_patches(register):
+        register(
+            Patch(
+                id="good.f",
+                target="megatron_fake_pkg.mod:f",
+                replace=lambda o: lambda: "patched",
+                rationale="test",
+                remove_when="test",
+            )
+        )
+
+    @hookimpl
+    def bad_register(register):
+        register(
+            Patch(
+                id="bad.f2",
+                target="megatron_fake_pkg.mod:f",
+                replace=lambda o: lambda: "bad",
+                rationale="test",
+                remove_when="test",
+            )
+        )
+        raise RuntimeError("registration exploded")
+
+    fake_module("titan_fake_good_plugin", titan_register_patches=titan_register_patches)
+    bad = fake_module("titan_fake_bad_plugin")
+    bad.titan_register_patches = bad_register
+    eps = [
+        fake_entry_point("good", "titan_fake_good_plugin"),
+        fake_entry_point("bad", "titan_fake_bad_plugin"),
+    ]
+    monkeypatch.setattr("titan_plugins.manager.discover", lambda: eps)
+    monkeypatch.setattr(activation, "TRIGGER_PREFIXES", ("megatron_fake_pkg",))
+    monkeypatch.setattr(activation, "_ACTIVE", None)
+    monkeypatch.setattr(activation, "_AUTOLOAD", {"ran": False, "state": "not run in this process"})
+    yield
+    activation.undo()
+    watcher = activation._AUTOLOAD.get("watcher")
+    if watcher is not None:
+        watcher.remove()
+    for name in [m for m in sys.modules if m.startswith("megatron_fake_pkg")]:
+        del sys.modules[name]
+
+
+def test_autoload_arms_then_activates_on_first_import(world):
+    activation.autoload()
+    assert activation.autoload_state()["state"].startswith("armed")
+    assert activation.active() is None  # nothing loaded until the trigger package is imported
+    user = importlib.import_module("megatron_fake_pkg.user")
+    assert user.f() == "patched"  # from-import copy made after the post-exec patch
+    assert activation.autoload_state()["state"] == "activated on first megatron import"
+
+
+def test_failing_plugin_is_withdrawn_and_others_apply(world):
+    state = activation.apply()
+    mod = importlib.import_module("megatron_fake_pkg.mod")
+    assert mod.f() == "patched"
+    assert state.manager.records["bad"].state == "failed"
+    assert "registration exploded" in state.manager.records["bad"].reason
+    assert [p.id for p in state.engine.patches()] == [
+        "core.add_arguments",
+        "core.configure",
+        "good.f",
+    ]
+
+
+def test_apply_is_idempotent_and_undo_restores(world):
+    mod = importlib.import_module("megatron_fake_pkg.mod")
+    original = mod.f
+    first = activation.apply()
+    second = activation.apply()
+    assert first is second and mod.f() == "patched"
+    assert {p.id: p.status for p in first.engine.patches()}["good.f"] == APPLIED
+    assert activation.undo() == []
+    assert mod.f is original
+
+
+def test_master_switch_and_autoload_switch(world, monkeypatch):
+    monkeypatch.setenv("TITAN_PLUGINS_AUTOLOAD", "0")
+    activation.autoload()
+    assert activation.autoload_state()["state"] == "off: TITAN_PLUGINS_AUTOLOAD=0"
+    mod = importlib.import_module("megatron_fake_pkg.mod")
+    assert mod.f() == "original"
+    activation.apply()  # explicit apply still works with autoload off
+    assert mod.f() == "patched"
+    activation.undo()
+    monkeypatch.setenv("TITAN_PLUGINS", "0")
+    state = activation.apply()
+    assert state.inactive_reason == "TITAN_PLUGINS=0" and mod.f() == "original"
+
+
+def test_autoload_never_raises(world, monkeypatch):
+    def explode(*args, **kwargs):
+        raise RuntimeError("watcher exploded")
+
+    monkeypatch.setattr(activation.PatchWatcher, "install", explode)
+    activation.autoload()  # must not raise
+    assert "watcher exploded" in activation.autoload_state()["state"]

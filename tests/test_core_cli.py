@@ -1,0 +1,74 @@
+"""The titan-plugins CLI tells the truth: list, report, doctor and env."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from titan_plugins import activation, cli
+from titan_plugins.testing import fake_entry_point
+
+
+@pytest.fixture
+def only_example(monkeypatch):
+    """Discovery sees just the example plugin (from tests/example_plugin)."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "example_plugin"))
+    monkeypatch.setattr(
+        "titan_plugins.manager.discover",
+        lambda: [
+            fake_entry_point("example", "titan_example_plugin", "titan-example-plugin", "0.1.0")
+        ],
+    )
+    monkeypatch.setattr(activation, "_ACTIVE", None)
+    for var in ("TITAN_PLUGINS", "TITAN_EXAMPLE", "TITAN_PLUGINS_DISABLE"):
+        monkeypatch.delenv(var, raising=False)
+    yield
+    activation.undo()
+
+
+def test_list_shows_plugin_hooks_and_patch_status(only_example, capsys):
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "example  [titan-example-plugin 0.1.0]  enabled" in out
+    assert "titan_register_patches" in out
+    assert "patch example.mark_initialize_model_parallel -> megatron.core.parallel_state" in out
+
+
+def test_list_says_why_disabled(only_example, capsys, monkeypatch):
+    monkeypatch.setenv("TITAN_EXAMPLE", "0")
+    cli.main(["list"])
+    assert "disabled (TITAN_EXAMPLE=0)" in capsys.readouterr().out
+
+
+def test_report_json_with_imported_targets(only_example, capsys):
+    assert cli.main(["report", "--import-targets"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    (plugin,) = data["plugins"]
+    assert plugin["patches"][0]["status"] == "applied"
+    assert plugin["report"]["greeting"] == "hello"
+
+
+def test_doctor_lists_core_and_plugin_checks(only_example, capsys):
+    assert cli.main(["doctor", "--json"]) == 0
+    checks = json.loads(capsys.readouterr().out)
+    names = {(c["plugin"], c["name"]): c["status"] for c in checks}
+    assert names[("core", "torch")] == "ok" and names[("example", "example")] == "ok"
+    assert ("core", "megatron-core") in names and ("core", "platform") in names
+
+
+def test_doctor_explains_disabled_autoload(only_example, capsys, monkeypatch):
+    monkeypatch.setenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+    cli.main(["doctor", "--no-import"])
+    out = capsys.readouterr().out
+    assert "TORCH_DEVICE_BACKEND_AUTOLOAD='0'" in out and "titan-run" in out
+
+
+def test_env_documents_switches_and_flags_typos(only_example, capsys, monkeypatch):
+    monkeypatch.setenv("TITAN_EXAMPL_GREETING", "hi")
+    assert cli.main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "TITAN_PLUGINS_STRICT" in out and "TITAN_EXAMPLE_GREETING" in out
+    assert "TITAN_EXAMPL_GREETING is set but no installed plugin declares it" in out
