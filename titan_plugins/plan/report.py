@@ -1,0 +1,191 @@
+"""Turn a plan into a dict (the JSON output) and into text; decide fit and what to switch on."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from titan_plugins.plan.config import PlanConfig
+from titan_plugins.plan.flops import flops_per_step, mfu
+from titan_plugins.plan.memory import StageMemory, stage_memory
+from titan_plugins.plan.params import total_params
+
+GIB = 2**30
+VARIANTS = ("configured", "fp8_blockwise", "act_offload", "fp8_blockwise+act_offload")
+_SWITCHES = {
+    "fp8_blockwise": "TITAN_FP8_BLOCKWISE=1 with --fp8-format e4m3 --fp8-recipe blockwise "
+    "(linear-layer inputs saved as FP8 + 1x128 scales)",
+    "act_offload": "TITAN_ACT_OFFLOAD=1 (saved activations of waiting microbatches to host)",
+    "fp8_blockwise+act_offload": "both TITAN_FP8_BLOCKWISE=1 (+ --fp8-format e4m3 "
+    "--fp8-recipe blockwise) and TITAN_ACT_OFFLOAD=1",
+}
+
+
+def _peak(stage: StageMemory, variant: str) -> float:
+    return stage.states + stage.activations[variant]
+
+
+def _worst(cfg: PlanConfig, resident: int, ep_overlap: bool, **change: Any) -> float:
+    alt = copy.copy(cfg)
+    for key, value in change.items():
+        setattr(alt, key, value)
+    return max(_peak(s, "configured") for s in stage_memory(alt, resident, ep_overlap))
+
+
+def _advice(
+    cfg: PlanConfig, stages: list[StageMemory], budget: float, resident: int, ep_overlap: bool
+) -> list[str]:
+    """What to switch on, cheapest first, with the worst stage's peak it gives."""
+    options: list[tuple[str, float]] = []
+    for variant in VARIANTS[1:]:
+        worst = max(_peak(s, variant) for s in stages)
+        options.append((_SWITCHES[variant], worst))
+        if worst <= budget:
+            break
+    if not cfg.dist_opt and cfg.dp > 1:
+        options.append(
+            (
+                f"--use-distributed-optimizer (ZeRO-1 over DP {cfg.dp})",
+                _worst(cfg, resident, ep_overlap, dist_opt=True),
+            )
+        )
+    if cfg.opt_offload_fraction < 1:
+        options.append(
+            (
+                "--optimizer-cpu-offload --optimizer-offload-fraction 1.0",
+                _worst(cfg, resident, ep_overlap, opt_offload_fraction=1.0),
+            )
+        )
+    if cfg.recompute_granularity != "full":
+        options.append(
+            (
+                "--recompute-granularity full (recomputes every layer)",
+                _worst(cfg, resident, ep_overlap, recompute_granularity="full"),
+            )
+        )
+    tips = [f"{text}: worst stage {worst / GIB:.1f} GiB" for text, worst in options]
+    if all(worst > budget for _, worst in options):
+        tips.append(
+            "none of these alone fits: combine them, or use more pipeline stages, wider "
+            "expert parallelism, or more GPUs (expert DP shards the ZeRO-1 state)"
+        )
+    return tips
+
+
+def build_report(
+    cfg: PlanConfig,
+    device_bytes: float | None = None,
+    reserve: float = 0.1,
+    step_time: float | None = None,
+    peak_tflops: float | None = None,
+    resident: int = 2,
+    ep_overlap: bool = False,
+) -> dict[str, Any]:
+    """The whole plan as plain data (what ``--json`` prints)."""
+    stages = stage_memory(cfg, resident, ep_overlap)
+    total, active = total_params(cfg)
+    flops = flops_per_step(cfg)
+    out: dict[str, Any] = {
+        "model": {
+            "params_total": total,
+            "params_active": active,
+            "layers": cfg.num_layers,
+            "moe_layers": sum(cfg.is_moe(i) for i in range(cfg.num_layers)),
+            "vocab_padded": cfg.vocab,
+        },
+        "parallel": {
+            "world": cfg.world,
+            "tp": cfg.tp,
+            "pp": cfg.pp,
+            "vpp": cfg.vpp,
+            "ep": cfg.ep,
+            "etp": cfg.etp,
+            "cp": cfg.cp,
+            "dp": cfg.dp,
+            "expert_dp": cfg.edp,
+            "microbatches": cfg.num_microbatches,
+            "distributed_optimizer": cfg.dist_opt,
+        },
+        "stages": [
+            {
+                "rank": s.rank,
+                "layers": s.layers,
+                "params": s.params.total,
+                "params_expert": s.params.expert,
+                "param_bytes": s.param_bytes,
+                "grad_bytes": s.grad_bytes,
+                "optimizer_bytes": s.optimizer_bytes,
+                "optimizer_host_bytes": s.optimizer_host_bytes,
+                "states_bytes": s.states,
+                "activation_bytes_per_microbatch": s.act_per_microbatch,
+                "in_flight_units": s.in_flight,
+                "activation_peak_bytes": dict(s.activations),
+                "peak_bytes": {v: _peak(s, v) for v in VARIANTS},
+            }
+            for s in stages
+        ],
+        "flops_per_step": flops,
+        "act_offload_resident_units": resident,
+    }
+    if step_time and peak_tflops:
+        out["mfu"] = mfu(cfg, step_time, peak_tflops)
+        out["step_time_s"], out["peak_tflops"] = step_time, peak_tflops
+    if device_bytes:
+        budget = device_bytes * (1 - reserve)
+        worst = max(_peak(s, "configured") for s in stages)
+        out["device_bytes"], out["budget_bytes"] = device_bytes, budget
+        out["fits"] = worst <= budget
+        out["fits_with"] = {v: max(_peak(s, v) for s in stages) <= budget for v in VARIANTS}
+        out["advice"] = [] if out["fits"] else _advice(cfg, stages, budget, resident, ep_overlap)
+    return out
+
+
+def _layers_text(layers: list[list[int]]) -> str:
+    parts = []
+    for chunk in layers:
+        parts.append(
+            f"{chunk[0]}-{chunk[-1]}" if len(chunk) > 1 else (str(chunk[0]) if chunk else "-")
+        )
+    return ",".join(parts)
+
+
+def render_text(rep: dict[str, Any]) -> str:
+    """Human-readable plan: a header, one row per pipeline rank, FLOPs/MFU, fit and advice."""
+    m, p = rep["model"], rep["parallel"]
+    lines = [
+        f"model: {m['params_total'] / 1e9:.2f}B parameters ({m['params_active'] / 1e9:.2f}B "
+        f"active), {m['layers']} layers ({m['moe_layers']} MoE), vocab {m['vocab_padded']}",
+        f"layout: {p['world']} GPUs = TP{p['tp']} x PP{p['pp']} (VPP{p['vpp']}) x CP{p['cp']} x "
+        f"DP{p['dp']}; experts EP{p['ep']} x ETP{p['etp']} x expert-DP{p['expert_dp']}; "
+        f"{p['microbatches']} microbatches/step; distributed optimizer "
+        f"{'on' if p['distributed_optimizer'] else 'off'}",
+        "memory per GPU (GiB) by pipeline rank; activations = peak of in-flight microbatches",
+        f"{'rank':>4} {'layers':>12} {'params':>8} {'param':>6} {'grad':>6} {'optim':>6} "
+        f"{'states':>7} {'act/mb':>7} {'units':>5} {'act':>7} {'+fp8':>7} {'+offl':>7} "
+        f"{'+both':>7} {'peak':>7}",
+    ]
+    for s in rep["stages"]:
+        a = s["activation_peak_bytes"]
+        lines.append(
+            f"{s['rank']:>4} {_layers_text(s['layers']):>12} {s['params'] / 1e9:>7.2f}B "
+            f"{s['param_bytes'] / GIB:>6.1f} {s['grad_bytes'] / GIB:>6.1f} "
+            f"{s['optimizer_bytes'] / GIB:>6.1f} {s['states_bytes'] / GIB:>7.1f} "
+            f"{s['activation_bytes_per_microbatch'] / GIB:>7.2f} {s['in_flight_units']:>5} "
+            + " ".join(f"{a[v] / GIB:>7.1f}" for v in VARIANTS)
+            + f" {s['peak_bytes']['configured'] / GIB:>7.1f}"
+        )
+    lines.append(f"FLOPs per step: {rep['flops_per_step']:.4g} (model FLOPs, Megatron accounting)")
+    if "mfu" in rep:
+        lines.append(
+            f"MFU at {rep['step_time_s']} s/step and {rep['peak_tflops']} TFLOP/s peak: "
+            f"{rep['mfu'] * 100:.1f}%"
+        )
+    if "fits" in rep:
+        lines.append(
+            f"device {rep['device_bytes'] / GIB:.0f} GiB, budget {rep['budget_bytes'] / GIB:.1f}"
+            f" GiB: {'fits' if rep['fits'] else 'does NOT fit'} as configured; "
+            + ", ".join(f"{v}: {'fits' if ok else 'no'}" for v, ok in rep["fits_with"].items())
+        )
+        for tip in rep["advice"]:
+            lines.append(f"  switch on: {tip}")
+    return "\n".join(lines)
