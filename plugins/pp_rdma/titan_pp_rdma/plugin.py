@@ -1,0 +1,105 @@
+"""pp_rdma hook implementations (the ``titan_plugins`` entry point).
+
+Two patches, both on megatron-core 0.16.x:
+- ``schedules.P2PCommunicator`` -> a subclass whose ``_communicate`` sends over Mooncake Transfer
+  Engine (torch.distributed fallback), so the unmodified schedules build it every step.
+- ``p2p_communication._batched_p2p_ops`` -> the same ops in an order that is correct when the
+  previous and next stage are one rank (PP=2 + VPP), for code that builds upstream's class itself.
+megatron is never imported here at module import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from titan_plugins import hookimpl
+from titan_plugins.patching import Patch
+
+MEGATRON = ("megatron-core>=0.16,<0.17",)
+
+
+def _communicator_factory(original: Any) -> Any:
+    from titan_pp_rdma.communicator import build_communicator_class
+
+    return build_communicator_class(original)
+
+
+def _batched_ops_factory(original: Any) -> Any:
+    from titan_pp_rdma.torch_p2p import batched_p2p_ops_fixed
+
+    return batched_p2p_ops_fixed
+
+
+@hookimpl
+def titan_register_patches(register: Callable[[Patch], None]) -> None:
+    """Swap the pipeline P2P communicator and fix the batched op order."""
+    register(
+        Patch(
+            id="pp_rdma.p2p_communicator",
+            target="megatron.core.pipeline_parallel.schedules:P2PCommunicator",
+            replace=_communicator_factory,
+            requires=MEGATRON,
+            rationale="route pipeline send/recv through Mooncake Transfer Engine (RDMA/TCP) with "
+            "registered, reused buffers; pin send storage until completion; per-direction "
+            "matching so PP=2+VPP cannot swap activations and gradients",
+            upstream="megatron/core/pipeline_parallel/schedules.py:15,861,2010 build the class "
+            "from this module global when no p2p_communicator is passed (megatron.training never "
+            "passes one)",
+            remove_when="megatron-core ships a pluggable P2P transport and fixes "
+            "NVIDIA/Megatron-LM #750/#1450 and the in-flight free of deallocate_output_tensor",
+            rebind_aliases=False,
+        )
+    )
+    register(
+        Patch(
+            id="pp_rdma.batched_p2p_order",
+            target="megatron.core.pipeline_parallel.p2p_communication:_batched_p2p_ops",
+            replace=_batched_ops_factory,
+            requires=MEGATRON,
+            rationale="upstream posts [send_prev, recv_prev, send_next, recv_next]; with PP=2 "
+            "prev == next and FIFO matching swaps activations and gradients under VPP",
+            upstream="megatron/core/pipeline_parallel/p2p_communication.py:16-51; "
+            "NVIDIA/Megatron-LM #750, #1450",
+            remove_when="upstream posts sends [next, prev] and receives [prev, next]",
+            rebind_aliases=False,
+        )
+    )
+
+
+@hookimpl
+def titan_settings() -> list[Any]:
+    """The ``TITAN_PP_RDMA_*`` knobs."""
+    from titan_pp_rdma.settings import declared
+
+    return declared()
+
+
+@hookimpl
+def titan_p2p_communicator(config: Any) -> Any | None:
+    """The pp_rdma ``P2PCommunicator`` class (built on megatron's, imported lazily)."""
+    from megatron.core.pipeline_parallel import p2p_communication
+
+    from titan_pp_rdma.communicator import build_communicator_class
+
+    base = p2p_communication.P2PCommunicator
+    # The class patch may already have wrapped it; never subclass our own class twice.
+    if getattr(base, "titan_plugin", None) == "pp_rdma":
+        return base
+    return build_communicator_class(base)
+
+
+@hookimpl
+def titan_report() -> dict[str, Any]:
+    """Which transport is active (per the last pipeline session) and why."""
+    from titan_pp_rdma.report import report
+
+    return report()
+
+
+@hookimpl
+def titan_doctor() -> list[Any]:
+    """Mooncake importable, protocol/NIC, metadata mode, and what the fallback would be."""
+    from titan_pp_rdma.report import doctor_checks
+
+    return doctor_checks()

@@ -1,0 +1,151 @@
+"""Session setup: pick the backend per pipeline group and exchange Mooncake addresses.
+
+Every rank of the pipeline group publishes ``{"backend", "session_id", "mailbox", "why"}`` in the
+torch.distributed store and waits (bounded by ``TITAN_PP_RDMA_TIMEOUT_S``) for the others. The
+group uses Mooncake only when every member can; otherwise all fall back to torch.distributed
+together, so ranks never disagree on the transport. Sessions are cached per group membership:
+megatron builds a new ``P2PCommunicator`` every step, and the registered buffers must outlive it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from titan_pp_rdma.errors import PPRdmaError, PPRdmaTimeout
+from titan_pp_rdma.mooncake_engine import MooncakeEngine, PeerAddress
+from titan_pp_rdma.probe import probe_mooncake
+from titan_pp_rdma.settings import PPRdmaSettings
+from titan_pp_rdma.transport import MooncakeTransport
+
+_LOCK = threading.Lock()
+
+
+@dataclass
+class _State:
+    engine: MooncakeEngine | None = None
+    engine_error: str = ""
+    sessions: dict[tuple[int, ...], Session] = field(default_factory=dict)
+    opened: dict[tuple[int, ...], int] = field(default_factory=dict)
+    last: dict[str, Any] = field(default_factory=dict)
+
+
+STATE = _State()
+
+
+@dataclass
+class Session:
+    """The transport of one pipeline group: Mooncake, or None for torch.distributed."""
+
+    ranks: tuple[int, ...]
+    transport: MooncakeTransport | None
+    why: str
+    settings: PPRdmaSettings
+
+
+def _engine(settings: PPRdmaSettings) -> MooncakeEngine | None:
+    """The process-wide engine, created on first need; None (with the reason kept) if impossible."""
+    if STATE.engine is None and not STATE.engine_error:
+        probe = probe_mooncake()
+        if not probe.available:
+            STATE.engine_error = f"{probe.detail}; fix: {probe.fix}"
+        else:
+            try:
+                STATE.engine = MooncakeEngine(settings)
+            except Exception as exc:  # a broken NIC setup must not take the job down
+                STATE.engine_error = f"Mooncake engine setup failed: {exc}"
+    return STATE.engine
+
+
+def _device() -> torch.device:
+    try:
+        from titan_plugins.platform import current_device
+
+        return current_device()
+    except ImportError:
+        return torch.device("cpu")
+
+
+def _store() -> Any:
+    return dist.distributed_c10d._get_default_store()
+
+
+def _exchange(prefix: str, me: int, ranks: tuple[int, ...], record: dict, timeout_s: float):
+    store = _store()
+    store.set(f"{prefix}/{me}", json.dumps(record))
+    keys = [f"{prefix}/{r}" for r in ranks]
+    try:
+        store.wait(keys, timedelta(seconds=timeout_s))
+    except Exception as exc:  # DistStoreError / RuntimeError on timeout, by torch version
+        missing = [r for r, k in zip(ranks, keys, strict=True) if not store.check([k])]
+        raise PPRdmaTimeout(
+            f"pp_rdma: pipeline ranks {missing} did not join the transport handshake within "
+            f"{timeout_s:g} s (TITAN_PP_RDMA_TIMEOUT_S): they died, never started the pipeline "
+            f"schedule, or run without the pp_rdma plugin ({exc})"
+        ) from exc
+    return {r: json.loads(store.get(k)) for r, k in zip(ranks, keys, strict=True)}
+
+
+def open_session(pp_group: Any, settings: PPRdmaSettings | None = None) -> Session:
+    """The session of ``pp_group`` (created, with the handshake, on first use)."""
+    ranks = tuple(dist.get_process_group_ranks(pp_group))
+    settings = settings or PPRdmaSettings.from_env()
+    with _LOCK:
+        session = STATE.sessions.get(ranks)
+        if session is not None and session.settings == settings:
+            if session.transport is None or session.transport.error is None:
+                return session
+        me = dist.get_rank()
+        engine = None if settings.backend == "torch" else _engine(settings)
+        if engine is not None:
+            record = {"backend": "mooncake", **engine.address.__dict__}
+        elif settings.backend == "torch":
+            record = {"backend": "torch", "why": "TITAN_PP_RDMA_BACKEND=torch"}
+        else:
+            record = {"backend": "torch", "why": STATE.engine_error}
+        if settings.backend == "mooncake" and engine is None:
+            raise PPRdmaError(
+                f"pp_rdma: TITAN_PP_RDMA_BACKEND=mooncake but {STATE.engine_error}; "
+                "unset it to fall back to torch.distributed"
+            )
+        # Every (re)opening of a group gets a fresh key space: all members open in the same
+        # order, so the counter agrees across ranks without a collective.
+        n = STATE.opened.get(ranks, 0)
+        STATE.opened[ranks] = n + 1
+        prefix = f"titan_pp_rdma/{'-'.join(map(str, ranks))}/{n}"
+        records = _exchange(prefix, me, ranks, record, settings.timeout_s)
+        refusing = {
+            r: rec.get("why", "") for r, rec in records.items() if rec["backend"] != "mooncake"
+        }
+        if refusing:
+            why = "; ".join(f"rank {r}: {w}" for r, w in sorted(refusing.items()))
+            session = Session(ranks, None, f"torch.distributed P2P ({why})", settings)
+        else:
+            idx = ranks.index(me)
+            peers = {ranks[(idx + d) % len(ranks)] for d in (-1, 1)} - {me}
+            addrs = {p: PeerAddress(records[p]["session_id"], records[p]["mailbox"]) for p in peers}
+            device = _device()
+            transport = MooncakeTransport(
+                engine, me, addrs, prefix, settings.slots, settings.timeout_s, device
+            )
+            why = f"mooncake {engine.protocol} ({engine.metadata})"
+            session = Session(ranks, transport, why, settings)
+        STATE.sessions[ranks] = session
+        STATE.last = {"backend": "mooncake" if session.transport else "torch", "why": session.why}
+        return session
+
+
+def reset() -> None:
+    """Forget every session (tests; after a failure the next schedule re-handshakes)."""
+    with _LOCK:
+        for session in STATE.sessions.values():
+            if session.transport is not None:
+                session.transport.close()
+        STATE.sessions.clear()
+        STATE.last = {}
