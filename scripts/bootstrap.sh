@@ -26,6 +26,7 @@ fi
 .venv/bin/python -m pip install -q -r requirements/dev.txt
 editables=(-e .)
 for plugin in plugins/*/; do
+  case "$plugin" in plugins/_*) continue ;; esac
   [ -f "$plugin/setup.cfg" ] && editables+=(-e "$plugin")
 done
 .venv/bin/python -m pip install -q --no-deps "${editables[@]}"

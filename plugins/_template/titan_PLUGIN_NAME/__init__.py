@@ -1,0 +1,1 @@
+"""Titan plugin PLUGIN_NAME. Importing this package has no side effect."""
