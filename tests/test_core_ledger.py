@@ -1,0 +1,36 @@
+"""Ledger of every installed plugin: entry points load, every patch is documented and gated."""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+import pytest
+
+from titan_plugins.manager import ENTRY_POINT_GROUP
+from titan_plugins.patching import Patch, gates
+
+EPS = sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
+
+
+def test_torch_backends_entry_point_loads():
+    (ep,) = [e for e in metadata.entry_points(group="torch.backends") if e.name == "titan_plugins"]
+    assert callable(ep.load())
+
+
+@pytest.mark.parametrize("ep", EPS, ids=[ep.name for ep in EPS])
+def test_plugin_patches_are_documented_and_gated(ep):
+    plugin = ep.load()
+    records: list[Patch] = []
+    register = getattr(plugin, "titan_register_patches", None)
+    if register is not None:
+        register(register=records.append)
+    ids = [p.id for p in records]
+    assert len(ids) == len(set(ids)), f"duplicate patch ids in {ep.name}"
+    for patch in records:
+        assert patch.id.startswith(f"{ep.name}."), patch.id
+        assert patch.rationale.strip() and patch.remove_when.strip(), patch.id
+        assert patch.upstream.strip(), f"{patch.id}: say which upstream code it changes"
+        assert patch.requires, f"{patch.id}: needs a version gate (supported Megatron range)"
+        for gate in patch.requires:
+            reason = gates.check(gate)
+            assert reason is None or "outside" in reason or "not installed" in reason, reason
