@@ -127,6 +127,11 @@ class GlooWorkerPool:
         self._ready = False
 
     # -- lifecycle ---------------------------------------------------------------------------
+    @property
+    def started(self) -> bool:
+        """Whether worker processes exist (spawned and not torn down or closed)."""
+        return bool(self._procs)
+
     def start(self) -> None:
         """Spawn the workers if they are not running (returns at once; ``run`` awaits readiness)."""
         with self._lock:
@@ -234,7 +239,7 @@ class GlooWorkerPool:
                 return self._give_up(replies, pending, timeout, what)
             for rank in pending:
                 if self._conns[rank].poll():
-                    replies[rank] = self._receive(rank)
+                    replies[rank] = self._receive(rank, what)
                     if replies[rank][0] == "error":
                         deadline = min(deadline, time.monotonic() + ERROR_GRACE_S)
                 elif self._procs[rank].sentinel in ready:
@@ -247,7 +252,7 @@ class GlooWorkerPool:
                     )
         return [replies[rank] for rank in range(self.world_size)]
 
-    def _receive(self, rank: int) -> tuple:
+    def _receive(self, rank: int, what: str) -> tuple:
         try:
             data = self._conns[rank].recv_bytes()
         except (EOFError, OSError):
@@ -255,8 +260,8 @@ class GlooWorkerPool:
             code = self._procs[rank].exitcode
             self._teardown()
             raise WorkerPoolError(
-                f"gloo worker rank {rank} closed its pipe (exit code {code}); the pool was torn "
-                "down and restarts on next use."
+                f"gloo worker rank {rank} died (exit code {code}) during {what}; the pool was "
+                "torn down and restarts on next use."
             ) from None
         try:
             return pickle.loads(data)

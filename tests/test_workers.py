@@ -1,0 +1,135 @@
+"""GlooWorkerPool: rank order, exceptions with worker tracebacks, tasks from test files, reuse,
+timeouts and dead workers (the pool is rebuilt on next use)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from titan_plugins.testing.workers import (
+    GlooWorkerPool,
+    RemoteTraceback,
+    WorkerPoolError,
+    WorkerTimeout,
+)
+
+pytestmark = pytest.mark.multiprocess
+
+GREETING = "hello from the test file"  # module global: proves the worker loaded this file
+_CALLS = 0  # per-process counter: proves the same worker processes serve successive tasks
+
+
+def rank_info(tag: str, scale: int = 1) -> tuple:
+    import torch
+    import torch.distributed as dist
+
+    total = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(total)  # a real collective across the pool's gloo world
+    return dist.get_rank(), dist.get_world_size(), tag, scale * int(total.item())
+
+
+def fail_on_rank_1(message: str) -> int:
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise ValueError(message)
+    return dist.get_rank()
+
+
+def greeting_and_module() -> tuple:
+    return GREETING, __name__
+
+
+def count_calls() -> tuple:
+    global _CALLS
+    _CALLS += 1
+    return os.getpid(), _CALLS
+
+
+def worker_environment() -> dict:
+    import sys
+
+    import torch
+
+    from titan_plugins.testing import cpu_harness
+
+    return {
+        "autoload": os.environ.get("TITAN_PLUGINS_AUTOLOAD"),
+        "compile_disabled": os.environ.get("TORCH_COMPILE_DISABLE"),
+        "threads": torch.get_num_threads(),
+        "harness": cpu_harness.installed(),
+        "megatron_imported": "megatron.core" in sys.modules,
+    }
+
+
+def sleep_for(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def exit_hard(code: int) -> None:
+    os._exit(code)
+
+
+def test_results_come_back_in_rank_order(gloo_pool2):
+    results = gloo_pool2.run(rank_info, "x", scale=10)
+    assert results == [(0, 2, "x", 30), (1, 2, "x", 30)]
+
+
+def test_worker_exception_is_raised_with_its_traceback(gloo_pool2):
+    with pytest.raises(ValueError, match="rank one disagrees") as info:
+        gloo_pool2.run(fail_on_rank_1, "rank one disagrees")
+    error = info.value
+    assert error.worker_rank == 1
+    assert isinstance(error.__cause__, RemoteTraceback)
+    # The worker's own frames, not the parent's, are in the text.
+    assert "fail_on_rank_1" in error.worker_traceback
+    assert "raise ValueError(message)" in str(error.__cause__)
+    # The pool is still usable after a task failure that left no rank hanging.
+    assert [r[0] for r in gloo_pool2.run(rank_info, "after")] == [0, 1]
+
+
+def test_functions_defined_in_a_test_file_run_in_workers(gloo_pool2):
+    results = gloo_pool2.run(greeting_and_module)
+    assert [greeting for greeting, _ in results] == [GREETING, GREETING]
+
+
+def test_workers_are_reused_across_calls(gloo_pool2):
+    first = gloo_pool2.run(count_calls)
+    second = gloo_pool2.run(count_calls)
+    assert [pid for pid, _ in first] == [pid for pid, _ in second]
+    assert all(pid != os.getpid() for pid, _ in first)
+    assert [n for _, n in second] == [n + 1 for _, n in first]
+
+
+def test_workers_are_set_up_for_megatron_tests(gloo_pool2):
+    expected = {
+        "autoload": "0",
+        "compile_disabled": "1",
+        "threads": 1,
+        "harness": True,
+        "megatron_imported": True,
+    }
+    assert gloo_pool2.run(worker_environment) == [expected, expected]
+
+
+def test_closures_are_rejected_before_anything_runs(gloo_pool2):
+    with pytest.raises(ValueError, match="module-level function"):
+        gloo_pool2.run(lambda: 0)
+
+
+def test_timeout_and_dead_worker_tear_down_and_rebuild_the_pool():
+    pool = GlooWorkerPool(1)
+    try:
+        ((first_pid, _),) = pool.run(count_calls)
+        with pytest.raises(WorkerTimeout, match="did not finish within"):
+            pool.run(sleep_for, 60, timeout=1)
+        ((second_pid, calls),) = pool.run(count_calls)
+        assert second_pid != first_pid and calls == 1  # a fresh worker process
+        with pytest.raises(WorkerPoolError, match="died"):
+            pool.run(exit_hard, 3)
+        assert not pool.started  # torn down; the next run() starts a fresh world (as above)
+    finally:
+        pool.close()
