@@ -186,6 +186,12 @@ def build_config(flags: dict, world: int) -> PlanConfig:
     _conflict(flags, "--pipeline-model-parallel-layout", "--decoder-first-pipeline-num-layers")
     _conflict(flags, "--pipeline-model-parallel-layout", "--decoder-last-pipeline-num-layers")
     _conflict(flags, "--pipeline-model-parallel-layout", "--num-layers-per-virtual-pipeline-stage")
+    _conflict(
+        flags,
+        "--pipeline-model-parallel-layout",
+        "--num-virtual-stages-per-pipeline-rank",
+        "the layout already sets the virtual stages",
+    )
     _conflict(flags, "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32")
 
     layers = _need(flags, "--num-layers")

@@ -37,8 +37,11 @@ def _advice(
 ) -> list[str]:
     """What to switch on, cheapest first, with the worst stage's peak it gives."""
     options: list[tuple[str, float]] = []
+    configured = max(_peak(s, "configured") for s in stages)
     for variant in VARIANTS[1:]:
         worst = max(_peak(s, variant) for s in stages)
+        if worst >= configured:
+            continue  # already in effect (e.g. fp8 flags given): nothing to switch on
         options.append((_SWITCHES[variant], worst))
         if worst <= budget:
             break

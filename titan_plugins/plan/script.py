@@ -97,9 +97,8 @@ class _Shell:
         return "" if unset else word_value  # ":+" / "+"
 
     def expand_text(self, text: str, in_quotes: bool) -> str:
-        """Expand all ``$`` constructs of ``text`` into one string (no word splitting)."""
-        words = self.lex(text, split=False) if not in_quotes else self.lex(f'"{text}"', False)
-        return " ".join(words)
+        """Expand all ``$`` constructs and quotes of ``text`` into one string (no splitting)."""
+        return "".join(self.lex(text, split=False))
 
     # -- lexing ----------------------------------------------------------------------------------
     def _dollar(self, s: str, i: int, quoted: bool) -> tuple[list[str] | str, int]:
@@ -185,7 +184,8 @@ class _Shell:
             elif c == "$":
                 value, i = self._dollar(s, i, quoted=False)
                 parts = value if isinstance(value, list) else value.split() if split else [value]
-                if isinstance(value, str) and not split:
+                in_assignment = bool(re.match(rf"^{_NAME}\+?=", "".join(cur)))
+                if isinstance(value, str) and (not split or in_assignment):
                     cur.append(value)
                     has_word = has_word or bool(value)
                     continue
