@@ -94,7 +94,10 @@ class BlockwiseFP8LinearFunction(torch.autograd.Function):
             tp_group,
         )
         ctx.gradient_accumulation_fusion = gradient_accumulation_fusion
-        return y.to(x.dtype).reshape(*total.shape[:-1], weight.shape[0])
+        out = y.to(x.dtype).reshape(*total.shape[:-1], weight.shape[0])
+        # An output that is a view of a forward intermediate cannot be modified in place by the
+        # caller (megatron's vocab-parallel cross entropy does so with the logits).
+        return out.clone() if out._is_view() else out
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):

@@ -101,11 +101,11 @@ def quantize_tiles(
     _check_2d(x)
     rows, cols = x.shape
     padded = F.pad(x, (0, (-cols) % TILE)) if cols % TILE else x
-    tiles = padded.reshape(rows, -1, TILE)
+    tiles = padded.reshape(rows, padded.shape[1] // TILE, TILE)  # explicit: rows may be 0
     amax = tiles.abs().amax(dim=-1).float()
     scale, scale_inv = scale_from_amax(amax, fp8_dtype, x.dtype, mode)
     data = _to_fp8(tiles, scale.unsqueeze(-1), scale_inv.unsqueeze(-1), fp8_dtype, mode)
-    data = data.reshape(rows, -1)[:, :cols].contiguous()
+    data = data.reshape(rows, padded.shape[1])[:, :cols].contiguous()
     return Quantized(data, scale_inv, (1, TILE), x.dtype)
 
 

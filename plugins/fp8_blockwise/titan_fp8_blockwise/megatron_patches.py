@@ -1,0 +1,223 @@
+"""Patch records that route unmodified megatron-core through the blockwise-FP8 layers.
+
+megatron is imported only inside the replacement functions (never when this module loads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from titan_fp8_blockwise import backend, knobs, region, weight_cache
+from titan_fp8_blockwise.linear import fp8_linear
+from titan_plugins.patching import MISSING, Patch
+
+MCORE = ("megatron-core>=0.16,<0.17",)
+LAYERS = "megatron.core.tensor_parallel.layers"
+SCHEDULES = "megatron.core.pipeline_parallel.schedules"
+SCHEDULE_FUNCS = (
+    "forward_backward_no_pipelining",
+    "forward_backward_pipelining_without_interleaving",
+    "forward_backward_pipelining_with_interleaving",
+)
+
+
+def _wrap_get_fp8_context(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def get_fp8_context(config: Any, layer_no: int = -1, is_init: bool = False) -> Any:
+        recipe = backend.recipe_for(config)  # validates the shapes on first use
+        if recipe is None:
+            return original(config, layer_no, is_init)
+        if is_init:  # FP8 parameters are not used: master weights stay high precision
+            return contextlib.nullcontext()
+        from megatron.core.fp8_utils import is_first_last_bf16_layer
+
+        if is_first_last_bf16_layer(config, layer_no):
+            return region.fp8_region(None)
+        return region.fp8_region(recipe)
+
+    return get_fp8_context
+
+
+def _wrap_forward_impl(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def factory(original: Callable[..., Any]) -> Callable[..., Any]:
+        head_in_fp8 = "output_head" not in knobs.high_precision()
+
+        @functools.wraps(original)
+        def _forward_impl(self: Any, input: Any, weight: Any, *args: Any, **kwargs: Any) -> Any:
+            recipe = region.current()
+            if recipe is None and head_in_fp8:  # linears outside transformer layers: the head
+                recipe = backend.recipe_for(self.config)
+            if (
+                recipe is None
+                or args  # megatron passes keywords; anything else is not a call we know
+                or not weight.requires_grad  # frozen weights keep megatron's own path
+                or kwargs.get("grad_output_buffer") is not None  # deferred embedding wgrad
+            ):
+                return original(self, input, weight, *args, **kwargs)
+            region.count(kind + (".expert" if getattr(self, "is_expert", False) else ""))
+            tp_group = kwargs.get("tp_group")
+            needs_group = kwargs.get("sequence_parallel") or kwargs.get("allreduce_dgrad")
+            if tp_group is None and needs_group:
+                from megatron.core import parallel_state
+
+                tp_group = parallel_state.get_tensor_model_parallel_group()
+            return fp8_linear(
+                input,
+                weight,
+                kwargs.get("bias"),
+                recipe,
+                sequence_parallel=bool(kwargs.get("sequence_parallel")),
+                allreduce_dgrad=bool(kwargs.get("allreduce_dgrad")),
+                tp_group=tp_group,
+                gradient_accumulation_fusion=bool(kwargs.get("gradient_accumulation_fusion")),
+            )
+
+        return _forward_impl
+
+    return factory
+
+
+def _wrap_router_gating(original: Callable[..., Any]) -> Callable[..., Any]:
+    router_in_fp8 = "router" not in knobs.high_precision()
+
+    @functools.wraps(original)
+    def router_gating_linear(inp: Any, weight: Any, bias: Any, router_dtype: Any) -> Any:
+        import torch
+
+        recipe = region.current()
+        if not router_in_fp8 or recipe is None or router_dtype == torch.float64:
+            return original(inp, weight, bias, router_dtype)
+        region.count("router")
+        return fp8_linear(inp, weight, bias, recipe).to(router_dtype)
+
+    return router_gating_linear
+
+
+def _wrap_schedule(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def forward_backward(*args: Any, **kwargs: Any) -> Any:
+        weight_cache.next_step()  # one forward-backward call = one step: re-quantize weights
+        return original(*args, **kwargs)
+
+    return forward_backward
+
+
+def _te_general_gemm(original: Any) -> Any:
+    return None if original is MISSING else original
+
+
+def _wrap_is_te_min_version(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def is_te_min_version(version: str, check_equality: bool = True) -> bool:
+        from megatron.core.utils import get_te_version
+
+        if get_te_version() is not None:
+            return original(version, check_equality)
+        # No TE: the MoE FP8 check (TE >= 1.7 handles zero-token experts) is served by the
+        # plugin's layers; any other TE feature is simply absent (instead of a TypeError).
+        return version == "1.7.0.dev0"
+
+    return is_te_min_version
+
+
+def _wrap_config_post_init(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def __post_init__(self: Any) -> None:
+        if knobs.force():
+            self.fp8 = self.fp8 or "e4m3"
+            self.fp8_recipe = "blockwise"
+        return original(self)
+
+    return __post_init__
+
+
+def patches() -> list[Patch]:
+    """Every patch record of the plugin."""
+    records = [
+        Patch(
+            id="fp8_blockwise.force_config",
+            target="megatron.core.transformer.transformer_config:TransformerConfig.__post_init__",
+            replace=_wrap_config_post_init,
+            requires=MCORE,
+            rationale="TITAN_FP8_BLOCKWISE_FORCE=1 acts as --fp8-format e4m3 --fp8-recipe "
+            "blockwise for hosts that cannot pass megatron flags (slime / miles drivers).",
+            upstream="megatron/core/transformer/transformer_config.py TransformerConfig",
+            remove_when="never: it is the plugin's switch",
+        ),
+        Patch(
+            id="fp8_blockwise.get_fp8_context",
+            target="megatron.core.fp8_utils:get_fp8_context",
+            replace=_wrap_get_fp8_context,
+            requires=MCORE,
+            rationale="Opens the plugin's FP8 region around each transformer layer megatron "
+            "wants in FP8 (TE's fp8_autocast equivalent); without TE megatron returns "
+            "nullcontext(). Copies in transformer_block, combined_1f1b, "
+            "model_chunk_schedule_plan and multi_token_prediction are rebound too.",
+            upstream="megatron/core/fp8_utils.py:596-664, transformer_block.py:15/:711-760",
+            remove_when="megatron-core exposes a non-TE quantization backend hook",
+        ),
+        Patch(
+            id="fp8_blockwise.router_gating",
+            target="megatron.core.transformer.moe.router:router_gating_linear",
+            replace=_wrap_router_gating,
+            requires=MCORE,
+            rationale="Runs the MoE router GEMM in FP8 when 'router' is dropped from "
+            "TITAN_FP8_BLOCKWISE_HIGH_PRECISION (DeepSeek-V3 keeps it high precision).",
+            upstream="megatron/core/transformer/moe/router.py:100",
+            remove_when="megatron-core exposes a non-TE quantization backend hook",
+        ),
+        Patch(
+            id="fp8_blockwise.te_general_gemm",
+            target="megatron.core.transformer.moe.moe_utils:te_general_gemm",
+            replace=_te_general_gemm,
+            create=True,
+            rebind_aliases=False,
+            requires=MCORE,
+            rationale="0.16.1 binds te_general_gemm only when TE imports, but every router "
+            "forward reads it: NameError without TE. None selects megatron's torch path.",
+            upstream="megatron/core/transformer/moe/moe_utils.py:22-39 vs :1192 (fixed in 0.17)",
+            remove_when="megatron-core >= 0.17",
+        ),
+        Patch(
+            id="fp8_blockwise.te_version_check",
+            target="megatron.core.transformer.transformer_config:is_te_min_version",
+            replace=_wrap_is_te_min_version,
+            rebind_aliases=False,
+            requires=MCORE,
+            rationale="MoE + fp8 without TE: is_te_min_version compares None to a Version and "
+            "raises TypeError in TransformerConfig.__post_init__; the plugin serves MoE FP8.",
+            upstream="megatron/core/transformer/transformer_config.py:1599-1605",
+            remove_when="megatron-core checks HAVE_TE before comparing TE versions",
+        ),
+    ]
+    for cls in ("ColumnParallelLinear", "RowParallelLinear"):
+        records.append(
+            Patch(
+                id=f"fp8_blockwise.{cls}",
+                target=f"{LAYERS}:{cls}._forward_impl",
+                replace=_wrap_forward_impl(cls),
+                requires=MCORE,
+                rationale=f"Runs local {cls} GEMMs (attention, MLP, SequentialMLP experts, "
+                "output head when allowed) through the blockwise-FP8 linear inside FP8 regions.",
+                upstream=f"megatron/core/tensor_parallel/layers.py {cls}._forward_impl "
+                "-> linear_with_grad_accumulation_and_async_allreduce",
+                remove_when="megatron-core exposes a non-TE quantization backend hook",
+            )
+        )
+    for name in SCHEDULE_FUNCS:
+        records.append(
+            Patch(
+                id=f"fp8_blockwise.step.{name}",
+                target=f"{SCHEDULES}:{name}",
+                replace=_wrap_schedule,
+                requires=MCORE,
+                rationale="Marks a new training step so each weight is quantized once per step "
+                "(the distributed optimizer updates weights without bumping their version).",
+                upstream="megatron/core/pipeline_parallel/schedules.py get_forward_backward_func",
+                remove_when="never: the plugin's step boundary",
+            )
+        )
+    return records
