@@ -1,0 +1,156 @@
+"""A megatron MoELayer on the flex dispatcher with our backend (chunked pipeline or not) against
+the stock ``MoEAlltoAllTokenDispatcher`` layer with the same weights, on gloo at EP=2 and EP=4.
+
+What must be equal, and why:
+- bit-identical (output, input gradient, every parameter gradient) with 1 chunk, top-k <= 2 and
+  no padding: both paths run each expert's GEMMs on the same rows in the same order and add the
+  (at most two) copies of a token in the same order.
+- otherwise within 16 ulps of the largest reference element (observed <= 6). The math is the
+  same; only the rounding differs, from three sources: CPU GEMM results depend on the row count
+  (chunks and capacity padding change it), the chunked expert weight gradient is a sum of
+  per-chunk ``x_c^T g_c``, and with top-k > 2 the combine adds per-rank partial sums. Every
+  compared element is an fp32 sum of at most 128 products, so each path is within
+  ``gamma_128 * sum|terms|`` of the exact value; 16 ulps of max|ref| is far tighter than that
+  worst case and well above what the different groupings produce.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+EPS32 = torch.finfo(torch.float32).eps
+ULPS = 16  # bound in units of eps * max|reference| where bit-identity is not expected
+
+# (experts, topk, capacity factor, pad to capacity (reference only), shared expert, skewed routing)
+LAYER_CASES = [
+    (4, 2, None, False, False, False),
+    (8, 1, None, False, True, True),  # everything routed to rank 0: other ranks get no tokens
+    (8, 8, None, False, False, False),
+    (8, 2, 0.5, False, False, False),  # dropping
+    (8, 2, 0.5, True, True, False),  # dropping + padding in the reference
+]
+CHUNKS = (1, 2, 4)
+
+
+def _build_layer(cfg):
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.spec_utils import build_module
+
+    spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts)
+    return build_module(spec.submodules.mlp, config=cfg)
+
+
+def _config(ep: int, case: tuple, dispatcher: str):
+    from titan_plugins.testing import tiny_gpt
+
+    experts, topk, capacity, pad, shared, _ = case
+    extra = {}
+    if capacity is not None:
+        extra.update(moe_expert_capacity_factor=capacity, moe_token_drop_policy="probs")
+        extra["moe_pad_expert_input_to_capacity"] = pad and dispatcher == "alltoall"
+    if shared:
+        extra["moe_shared_expert_intermediate_size"] = 96
+    if topk == 1:
+        extra["moe_router_pre_softmax"] = True  # megatron requires it for top-1
+    return tiny_gpt.make_config(
+        num_layers=1, num_moe_experts=experts, moe_router_topk=topk,
+        moe_token_dispatcher_type=dispatcher, moe_router_dtype="fp32", **extra,
+    )  # fmt: skip
+
+
+def _skew_router(layer, ep: int) -> None:
+    """Make every token prefer the experts of EP rank 0 (feature 0 is large, see ``_inputs``)."""
+    local = layer.config.num_moe_experts // ep
+    with torch.no_grad():
+        layer.router.weight[:, 0] = 0.0
+        layer.router.weight[:local, 0] = 5.0
+
+
+def _inputs(seed: int, skew: bool, even: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed * 10 + dist.get_rank())
+    # uneven tokens per rank, except with capacity padding: megatron's alltoall dispatcher then
+    # assumes every rank has the same capacity, i.e. the same token count
+    x = torch.randn(8 if even else 6 + dist.get_rank(), 2, 64, generator=gen)
+    if skew:
+        x[..., 0] = 3.0
+    return x, torch.randn(x.shape, generator=gen)
+
+
+def _run(layer, x: torch.Tensor, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    layer.zero_grad(set_to_none=True)
+    x = x.clone().requires_grad_(True)
+    out, _ = layer(x)
+    (out * weight).sum().backward()
+    grads = {n: p.grad.clone() for n, p in layer.named_parameters() if p.grad is not None}
+    return {"out": out.detach(), "dx": x.grad, **grads}
+
+
+def task_layer_matrix(ep: int, cases: list[tuple], chunks: tuple[int, ...], seed: int) -> list:
+    """For each case: stock alltoall layer vs our flex layer per chunk count.
+
+    Returns per case and chunk count ``{quantity: max |diff|}`` plus the allowed bound of each
+    expert weight gradient.
+    """
+    from titan_plugins.testing import plugin_active, tiny_gpt
+
+    tiny_gpt.init_parallel(ep=ep)
+    results = []
+    with plugin_active("moe_ep_overlap", env={"TITAN_MOE_EP_OVERLAP_BACKEND": "torch"}):
+        for index, case in enumerate(cases):
+            t0 = time.perf_counter()
+            ref_layer = _build_layer(_config(ep, case, "alltoall"))
+            for p in ref_layer.router.parameters():
+                dist.broadcast(p.data, 0)  # the router is replicated across EP ranks
+            if ref_layer.shared_experts is not None:
+                for p in ref_layer.shared_experts.parameters():
+                    dist.broadcast(p.data, 0)
+            if case[5]:
+                _skew_router(ref_layer, ep)
+            flex_layer = _build_layer(_config(ep, case, "flex"))
+            flex_layer.load_state_dict(ref_layer.state_dict())
+            x, weight = _inputs(seed + index, case[5], even=case[3])
+            ref = _run(ref_layer, x, weight)
+            per_chunks = {}
+            for count in chunks:
+                os.environ["TITAN_MOE_EP_OVERLAP_CHUNKS"] = str(count)
+                ours = _run(flex_layer, x, weight)
+                assert ours.keys() == ref.keys(), (ours.keys(), ref.keys())
+                per_chunks[count] = {k: (ours[k] - ref[k]).abs().max().item() for k in ref}
+            scale = {k: ref[k].abs().max().item() for k in ref}
+            results.append({"diffs": per_chunks, "scale": scale, "time": time.perf_counter() - t0})
+    return results
+
+
+def _exact(case: tuple, chunks: int) -> bool:
+    """Same GEMM shapes and the same top-k summation grouping as the reference: bit-identical."""
+    _, topk, _, pad, _, _ = case
+    return chunks == 1 and not pad and topk <= 2
+
+
+def _check(results: list) -> None:
+    for case, result in zip(LAYER_CASES, results):
+        for count, diffs in result["diffs"].items():
+            for key, diff in diffs.items():
+                if _exact(case, count):
+                    assert diff == 0.0, (case, count, key, diff)
+                else:
+                    assert diff <= ULPS * EPS32 * result["scale"][key], (case, count, key, diff)
+
+
+@pytest.mark.multiprocess
+def test_moe_layer_flex_equals_alltoall_ep2(gloo_pool2) -> None:
+    results = gloo_pool2.run(task_layer_matrix, 2, LAYER_CASES, CHUNKS, 11)
+    for rank_results in results:
+        _check(rank_results)
+
+
+@pytest.mark.multiprocess
+def test_moe_layer_flex_equals_alltoall_ep4(gloo_pool4) -> None:
+    results = gloo_pool4.run(task_layer_matrix, 4, LAYER_CASES, CHUNKS, 23)
+    for rank_results in results:
+        _check(rank_results)

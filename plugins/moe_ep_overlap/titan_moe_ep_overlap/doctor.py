@@ -1,0 +1,61 @@
+"""``titan-plugins doctor`` checks of the plugin, each problem with its fix."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from titan_moe_ep_overlap import selection, settings
+from titan_plugins import platform
+from titan_plugins.doctor import FAIL, OK, WARN, Check
+
+
+def _deep_ep_installed() -> bool:
+    if "deep_ep" in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec("deep_ep") is not None
+    except (ValueError, ImportError):
+        return False
+
+
+def check_deep_ep() -> Check:
+    """Is DeepEP installed, and does it have the v1 API megatron-core 0.16 imports?"""
+    if not _deep_ep_installed():
+        return Check(
+            "moe_ep_overlap.deep_ep", OK,
+            "deep_ep not installed: the torch.distributed backend serves the flex dispatcher",
+            "",
+        )  # fmt: skip
+    problem = selection.api_problem()
+    if problem is None:
+        return Check("moe_ep_overlap.deep_ep", OK, "deep_ep has the v1 API; it will be used")
+    v2 = "EventOverlap" in problem
+    return Check(
+        "moe_ep_overlap.deep_ep", WARN,
+        ("DeepEP v2 detected: " if v2 else "") + problem
+        + "; megatron-core 0.16 cannot use it, the torch.distributed backend is used instead",
+        "install DeepEP v1.x (tag v1.2.1) to use its kernels, or uninstall deep_ep to silence",
+    )  # fmt: skip
+
+
+def check_transport() -> Check:
+    """Which collective backend the torch.distributed path will use."""
+    device = platform.device_type()
+    backend = platform.collective_backend(device)
+    return Check("moe_ep_overlap.transport", OK, f"device {device}, collectives on {backend}")
+
+
+def check_chunks() -> Check:
+    """The pipeline chunk knob parses."""
+    try:
+        chunks = settings.num_chunks()
+    except Exception as err:  # SettingError under STRICT
+        return Check("moe_ep_overlap.chunks", FAIL, str(err), "set TITAN_MOE_EP_OVERLAP_CHUNKS>=1")
+    state = "off (1 chunk)" if chunks == 1 else f"{chunks} chunks"
+    return Check("moe_ep_overlap.chunks", OK, f"MoE layer pipeline: {state}")
+
+
+def checks() -> list[Check]:
+    """All checks of the plugin."""
+    return [check_deep_ep(), check_transport(), check_chunks()]

@@ -1,0 +1,158 @@
+"""Chunked MoE expert stage: dispatch, expert compute and combine pipelined over token chunks.
+
+The tokens of a MoE layer are split into ``n`` contiguous chunks. Forward::
+
+    dispatch(0)
+    for i in 0..n-1:
+        dispatch(i+1)            # in flight ...
+        wait dispatch(i); experts(i)
+        combine(i)               # ... in flight with experts(i+1)
+    wait all combines
+
+Backward mirrors it: the gradient of chunk i+1 is being dispatched (DeepEP cached dispatch) and the
+input/probability gradients of chunk i-1 combined while autograd runs the expert backward of chunk i
+(a nested graph built per chunk in forward). The DeepEP v1 API (``async_finish``, ``previous_event``
+and events) is all it uses, so it runs on a real DeepEP ``Buffer`` as on ours.
+
+Per token the math is megatron's flex path (the same expert MLPs on the same rows, the combine's sum
+in rank = ascending expert order); only weight gradients are summed chunk by chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+Compute = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, list[int]], torch.Tensor]
+
+
+@dataclass
+class Comm:
+    """The DeepEP-API objects one pipeline uses (a Buffer and its event classes)."""
+
+    buffer: Any
+    event_handle: type
+    event_overlap: type
+    num_experts: int
+
+    def _now(self) -> Any:
+        return self.event_overlap(self.event_handle())
+
+    def dispatch(self, x: torch.Tensor, idx: torch.Tensor, probs: torch.Tensor) -> tuple:
+        """Start dispatching one chunk; returns DeepEP's 6-tuple (event last)."""
+        per_rank, per_rdma, per_expert, in_rank, event = self.buffer.get_dispatch_layout(
+            idx, self.num_experts, previous_event=self._now(), async_finish=True,
+            allocate_on_comm_stream=True,
+        )  # fmt: skip
+        return self.buffer.dispatch(
+            x, topk_idx=idx, topk_weights=probs, num_tokens_per_rank=per_rank,
+            num_tokens_per_rdma_rank=per_rdma, is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert, previous_event=event, async_finish=True,
+            allocate_on_comm_stream=True,
+        )  # fmt: skip
+
+    def redispatch(self, grad: torch.Tensor, handle: Any) -> tuple:
+        """Start a cached dispatch of a gradient chunk along an earlier dispatch's handle."""
+        return self.buffer.dispatch(
+            grad, handle=handle, previous_event=self._now(), async_finish=True,
+            allocate_on_comm_stream=True,
+        )  # fmt: skip
+
+    def combine(self, y: torch.Tensor, handle: Any, weights: torch.Tensor | None = None) -> tuple:
+        """Start combining one chunk; returns ``(combined_x, combined_weights, event)``."""
+        return self.buffer.combine(
+            y, handle, topk_weights=weights, previous_event=self._now(), async_finish=True,
+            allocate_on_comm_stream=True,
+        )  # fmt: skip
+
+
+def chunk_bounds(num_tokens: int, chunks: int) -> list[tuple[int, int]]:
+    """``chunks`` contiguous, near-equal ranges covering ``num_tokens`` (some may be empty).
+
+    The count never depends on ``num_tokens``: every EP rank must issue the same collectives.
+    """
+    base, extra = divmod(num_tokens, chunks)
+    bounds, start = [], 0
+    for i in range(chunks):
+        stop = start + base + (1 if i < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+@dataclass
+class _Chunk:
+    handle: Any
+    x: torch.Tensor  # received tokens (leaf of the nested expert graph)
+    probs: torch.Tensor  # received probabilities (leaf)
+    y: torch.Tensor  # expert output in receive order
+
+
+class ChunkedExperts(torch.autograd.Function):
+    """``(hidden [T,H], probs [T,K] fp32) -> combined expert output [T,H]``, pipelined."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        probs: torch.Tensor,
+        indices: torch.Tensor,
+        comm: Comm,
+        compute: Compute,
+        chunks: int,
+    ) -> torch.Tensor:
+        """Run the forward schedule (see the module docstring)."""
+        bounds = chunk_bounds(hidden.shape[0], chunks)
+        # autograd disables grad mode inside forward: decide from what the caller needs
+        build_graph = bool(ctx.needs_input_grad[0] or ctx.needs_input_grad[1])
+        start = lambda i: comm.dispatch(*(t[slice(*bounds[i])] for t in (hidden, indices, probs)))  # noqa: E731
+        pending = start(0)
+        saved, combines = [], []
+        for i in range(len(bounds)):
+            following = start(i + 1) if i + 1 < len(bounds) else None
+            recv_x, recv_idx, recv_probs, counts, handle, event = pending
+            event.current_stream_wait()
+            with torch.set_grad_enabled(build_graph):
+                x = recv_x.detach().requires_grad_(build_graph)
+                p = recv_probs.detach().requires_grad_(build_graph)
+                y = compute(x, recv_idx, p, list(counts))
+            combines.append(comm.combine(y.detach(), handle))
+            saved.append(_Chunk(handle, x, p, y))
+            pending = following
+        out = hidden.new_empty(hidden.shape)
+        for (lo, hi), (combined, _, event) in zip(bounds, combines):
+            event.current_stream_wait()
+            out[lo:hi] = combined
+        ctx.comm, ctx.bounds, ctx.chunks = comm, bounds, saved if build_graph else None
+        ctx.probs_shape = probs.shape
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
+        """Run the backward schedule; parameter gradients accumulate through the nested graphs."""
+        comm, bounds, saved = ctx.comm, ctx.bounds, ctx.chunks
+        grad_out = grad_out.contiguous()
+        start = lambda i: comm.redispatch(grad_out[slice(*bounds[i])], saved[i].handle)  # noqa: E731
+        pending = start(0)
+        combines = []
+        for i, chunk in enumerate(saved):
+            following = start(i + 1) if i + 1 < len(saved) else None
+            grad_y, event = pending[0], pending[-1]
+            event.current_stream_wait()
+            torch.autograd.backward(chunk.y, grad_y, inputs=None)
+            grad_x = chunk.x.grad if chunk.x.grad is not None else torch.zeros_like(chunk.x)
+            grad_p = chunk.probs.grad
+            grad_p = torch.zeros_like(chunk.probs) if grad_p is None else grad_p.float()
+            combines.append(comm.combine(grad_x, chunk.handle, grad_p))
+            pending = following
+        grad_hidden = grad_out.new_empty(grad_out.shape)
+        grad_probs = grad_out.new_empty(ctx.probs_shape, dtype=torch.float32)
+        for (lo, hi), (gx, gp, event) in zip(bounds, combines):
+            event.current_stream_wait()
+            grad_hidden[lo:hi] = gx
+            grad_probs[lo:hi] = gp
+        ctx.chunks = None  # free the nested graphs
+        return grad_hidden, grad_probs, None, None, None, None

@@ -1,0 +1,74 @@
+"""Hook implementations of the ``moe_ep_overlap`` plugin (the ``titan_plugins`` entry point).
+
+Nothing here imports megatron or deep_ep at import time: backend choice and patches are lazy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from titan_plugins import hookimpl
+from titan_plugins.patching import Patch
+from titan_plugins.settings import Setting
+
+
+@hookimpl
+def titan_register_patches(register: Callable[[Patch], None]) -> None:
+    """Bind our DeepEP-API backend into megatron's fused_a2a / token_dispatcher, and the
+    chunked overlapped MoE forward."""
+    from titan_moe_ep_overlap.patches import records
+
+    for patch in records():
+        register(patch)
+
+
+@hookimpl
+def titan_settings() -> list[Setting]:
+    """``TITAN_MOE_EP_OVERLAP_BACKEND`` and ``TITAN_MOE_EP_OVERLAP_CHUNKS``."""
+    from titan_moe_ep_overlap.settings import declared
+
+    return declared()
+
+
+@hookimpl
+def titan_moe_dispatcher(config: Any) -> Any:
+    """The DeepEP-v1-API backend in use: an installed compatible ``deep_ep`` or ours."""
+    from titan_moe_ep_overlap.selection import select_backend
+
+    return select_backend().api
+
+
+@hookimpl
+def titan_configure(config: Any) -> None:
+    """Warn early (error under STRICT) when the experts cannot be split over the EP ranks."""
+    from titan_plugins.settings import complain
+
+    experts = getattr(config, "num_moe_experts", None)
+    ep = getattr(config, "expert_model_parallel_size", 1) or 1
+    if experts and experts % ep != 0:
+        complain(
+            f"moe_ep_overlap: num_moe_experts={experts} is not divisible by "
+            f"expert_model_parallel_size={ep}; choose --num-experts as a multiple of "
+            f"--expert-model-parallel-size"
+        )
+
+
+@hookimpl
+def titan_report() -> dict[str, Any]:
+    """Backend in use, why, and the chunk count."""
+    from titan_moe_ep_overlap import selection, settings
+
+    try:
+        chosen = selection.select_backend()
+    except Exception as err:  # STRICT turns an unusable deep_ep into an error; report it
+        return {"backend": "error", "why": str(err)}
+    return {"backend": chosen.backend, "why": chosen.detail, "chunks": settings.num_chunks()}
+
+
+@hookimpl
+def titan_doctor() -> list[Any]:
+    """DeepEP presence / API compatibility (v2 detected), the transport, and the chunk knob."""
+    from titan_moe_ep_overlap.doctor import checks
+
+    return checks()

@@ -1,0 +1,37 @@
+"""The plugin's environment knobs (``TITAN_MOE_EP_OVERLAP_*``), read lazily at use time."""
+
+from __future__ import annotations
+
+from titan_plugins.settings import Setting, env_choice, env_int
+
+BACKENDS = ("auto", "torch", "deep_ep")
+DEFAULT_CHUNKS = 4  # 4 chunks hide ~3/4 of the all-to-all time when comm ~ compute
+
+
+def backend_choice() -> str:
+    """``TITAN_MOE_EP_OVERLAP_BACKEND``: auto (DeepEP v1 if compatible), torch or deep_ep."""
+    return env_choice("TITAN_MOE_EP_OVERLAP_BACKEND", BACKENDS, "auto")
+
+
+def num_chunks() -> int:
+    """``TITAN_MOE_EP_OVERLAP_CHUNKS``: token chunks pipelined in a MoE layer (1 = no pipeline)."""
+    return env_int("TITAN_MOE_EP_OVERLAP_CHUNKS", DEFAULT_CHUNKS, minimum=1)
+
+
+def declared() -> list[Setting]:
+    """The knobs, for ``titan-plugins env`` and the README."""
+    return [
+        Setting(
+            var="TITAN_MOE_EP_OVERLAP_BACKEND",
+            default="auto",
+            doc="dispatch/combine backend: auto = DeepEP v1 when installed and API-compatible, "
+            "else torch.distributed; torch or deep_ep to force one",
+            choices=BACKENDS,
+        ),
+        Setting(
+            var="TITAN_MOE_EP_OVERLAP_CHUNKS",
+            default=str(DEFAULT_CHUNKS),
+            doc="token chunks per MoE layer whose dispatch/compute/combine are pipelined "
+            "(1 = megatron's unchunked flex path through the backend)",
+        ),
+    ]
