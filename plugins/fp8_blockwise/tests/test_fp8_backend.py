@@ -1,0 +1,123 @@
+"""Backend choice, shape validation and knobs (in-process; megatron is not imported)."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+from titan_fp8_blockwise import backend, knobs
+from titan_fp8_blockwise.megatron_patches import _wrap_get_fp8_context
+
+from titan_plugins import platform
+from titan_plugins.settings import SettingError
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch):
+    for var in (knobs.BACKEND, knobs.SCALES, knobs.HIGH_PRECISION, "TITAN_PLUGINS_STRICT"):
+        monkeypatch.delenv(var, raising=False)
+    backend.reset()
+    yield
+    backend.reset()
+
+
+def _config(**fields) -> SimpleNamespace:
+    base = dict(
+        fp8="e4m3",
+        fp8_recipe="blockwise",
+        hidden_size=256,
+        ffn_hidden_size=512,
+        num_attention_heads=4,
+        kv_channels=64,
+        num_moe_experts=None,
+        tensor_model_parallel_size=1,
+    )
+    return SimpleNamespace(**{**base, **fields})
+
+
+def _te(available: bool, monkeypatch) -> None:
+    probe = platform.Probe(available, "fake TE probe", "install TE")
+    monkeypatch.setattr(platform, "probe_te_blockwise", lambda: probe)
+
+
+def test_fp8_backend_te_requested_but_absent_warns_and_falls_back(monkeypatch, caplog):
+    _te(False, monkeypatch)
+    monkeypatch.setenv(knobs.BACKEND, "te")
+    with caplog.at_level(logging.WARNING, logger="titan_plugins"):
+        assert backend.resolve_backend() == "torch"
+    assert "fake TE probe" in caplog.text and "pure-torch" in caplog.text
+    assert backend.recipe_for(_config()) is not None  # the plugin serves it
+
+
+def test_fp8_backend_te_requested_but_absent_is_an_error_under_strict(monkeypatch):
+    _te(False, monkeypatch)
+    monkeypatch.setenv(knobs.BACKEND, "te")
+    monkeypatch.setenv("TITAN_PLUGINS_STRICT", "1")
+    with pytest.raises(SettingError, match="TITAN_FP8_BLOCKWISE_BACKEND=te"):
+        backend.resolve_backend()
+
+
+def test_fp8_backend_te_present_leaves_megatron_its_own_path(monkeypatch):
+    _te(True, monkeypatch)
+    assert backend.resolve_backend() == "te"
+    cfg = _config()
+    assert backend.recipe_for(cfg) is None
+
+    def original(config, layer_no=-1, is_init=False):
+        return ("megatron", layer_no, is_init)
+
+    assert _wrap_get_fp8_context(original)(cfg, 3) == ("megatron", 3, False)
+
+
+def test_fp8_backend_torch_choice_ignores_te(monkeypatch):
+    _te(True, monkeypatch)
+    monkeypatch.setenv(knobs.BACKEND, "torch")
+    assert backend.resolve_backend() == "torch"
+
+
+def test_fp8_backend_other_recipes_are_not_served(monkeypatch):
+    _te(False, monkeypatch)
+    assert backend.recipe_for(_config(fp8_recipe="delayed")) is None
+    assert backend.recipe_for(_config(fp8=None)) is None
+
+
+def test_fp8_backend_recipe_follows_format_and_scale_knob(monkeypatch):
+    _te(False, monkeypatch)
+    monkeypatch.setenv(knobs.SCALES, "deepseek")
+    recipe = backend.recipe_for(_config(fp8="hybrid"))
+    assert recipe.bwd_dtype == torch.float8_e5m2 and recipe.fwd_dtype == torch.float8_e4m3fn
+    assert recipe.scales == "deepseek"
+
+
+@pytest.mark.parametrize(
+    "fields,named",
+    [
+        ({"hidden_size": 100}, "hidden_size = 100"),
+        (
+            {"ffn_hidden_size": 96, "tensor_model_parallel_size": 4},
+            "ffn_hidden_size / tensor_model_parallel_size (4) = 24",
+        ),
+        (
+            {"num_moe_experts": 8, "moe_ffn_hidden_size": 40},
+            "moe_ffn_hidden_size / expert_tensor_parallel_size (1) = 40",
+        ),
+    ],
+)
+def test_fp8_backend_shape_the_blocks_cannot_serve(monkeypatch, fields, named):
+    _te(False, monkeypatch)
+    with pytest.raises(ValueError, match="multiple of 16") as err:
+        backend.recipe_for(_config(**fields))
+    assert named in str(err.value)
+
+
+def test_fp8_backend_high_precision_knob(monkeypatch, caplog):
+    monkeypatch.setenv(knobs.HIGH_PRECISION, "router, bogus")
+    with caplog.at_level(logging.WARNING, logger="titan_plugins"):
+        parts = knobs.high_precision()
+    assert parts == {"router", "embedding", "norms"}  # embedding/norms always; bogus dropped
+    assert "bogus" in caplog.text
+    monkeypatch.setenv("TITAN_PLUGINS_STRICT", "1")
+    with pytest.raises(SettingError, match="output_head"):
+        knobs.high_precision()
