@@ -40,7 +40,40 @@ def train_task(pp: int, vpp: int | None, env: dict | None, **config: Any) -> dic
         losses, norms = tiny_gpt.train(chunks, cfg, steps=STEPS, num_microbatches=MICROBATCHES)
         state = report() if env is not None else {}
     grads = {k: v for k, v in tiny_gpt.state_snapshot(chunks).items() if k.endswith(".grad")}
-    return {"losses": losses, "norms": norms, "grads": grads, "backend": state.get("backend")}
+    return {
+        "losses": losses,
+        "norms": norms,
+        "grads": grads,
+        "backend": state.get("backend"),
+        "report": state,
+    }
+
+
+def mooncake_absent_task(pp: int, vpp: int | None, **config: Any) -> dict:
+    """``train_task`` with ``mooncake`` made unimportable in this worker (then restored)."""
+    import sys
+
+    from titan_pp_rdma import session
+    from titan_pp_rdma.report import doctor_checks
+
+    names = ("mooncake", "mooncake.engine")
+    saved_modules = {name: sys.modules.get(name) for name in names}
+    saved_engine = (session.STATE.engine, session.STATE.engine_error)
+    session.reset()
+    session.STATE.engine, session.STATE.engine_error = None, ""
+    sys.modules.update(dict.fromkeys(names))  # a None entry makes `import` raise ImportError
+    try:
+        result = train_task(pp, vpp, {"TITAN_PP_RDMA_BACKEND": "auto"}, **config)
+        result["doctor"] = [check.as_dict() for check in doctor_checks()]
+    finally:
+        for name, module in saved_modules.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+        session.reset()
+        session.STATE.engine, session.STATE.engine_error = saved_engine
+    return result
 
 
 REFERENCE = dict(batch_p2p_comm=False, deallocate_pipeline_outputs=False)
@@ -96,3 +129,14 @@ def test_pp2_vpp2_torch_fallback_fixes_both_hazards(gloo_pool2: Any) -> None:
 def test_pp4_mooncake_bit_identical(gloo_pool4: Any) -> None:
     ref = _run(gloo_pool4, 4, None, None, REFERENCE)
     assert_identical(_run(gloo_pool4, 4, None, MOONCAKE_ENV, BATCHED), ref, "PP=4 over Mooncake")
+
+
+def test_mooncake_absent_falls_back_and_reports(gloo_pool2: Any) -> None:
+    ref = _run(gloo_pool2, 2, 2, None, REFERENCE)
+    got = gloo_pool2.run(mooncake_absent_task, 2, 2, **OVERLAP, timeout=240)
+    for rank in got:
+        assert rank["report"]["backend"] == "torch" and rank["report"]["active"]
+        assert "mooncake is not installed" in rank["report"]["why"]
+        mooncake_check = next(c for c in rank["doctor"] if c["name"] == "pp_rdma.mooncake")
+        assert mooncake_check["status"] == "warn" and "pip install" in mooncake_check["fix"]
+    assert_identical(got, ref, "VPP overlap, Mooncake absent -> torch fallback")

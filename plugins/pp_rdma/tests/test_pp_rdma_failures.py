@@ -1,0 +1,166 @@
+"""Failure behaviour: clear errors, bounded in time, never a hang.
+
+- shape / dtype mismatch between stages, through the real communicator (shared gloo pool);
+- a peer that never joins the handshake, and a peer killed mid-step (a separate process pair,
+  so the shared pool is not disturbed): the survivor raises within TITAN_PP_RDMA_TIMEOUT_S.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from titan_pp_rdma.probe import probe_mooncake
+
+MOONCAKE = probe_mooncake()
+pytestmark = pytest.mark.skipif(not MOONCAKE.available, reason=MOONCAKE.detail)
+TIMEOUT_S = 3.0
+
+
+def mismatch_task(recv_shape: list[int], recv_dtype: str) -> str:
+    """Rank 0 sends a (4, 2, 16) float32 activation; rank 1 expects ``recv_shape``/``recv_dtype``."""
+    import torch
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+    from titan_pp_rdma import session
+    from titan_pp_rdma.communicator import build_communicator_class
+
+    from titan_plugins.testing import tiny_gpt
+    from titan_plugins.testing.activation import environ
+
+    tiny_gpt.init_parallel(pp=2)
+    rank = ps.get_pipeline_model_parallel_rank()
+    dtype = torch.float32 if rank == 0 else getattr(torch, recv_dtype)
+    config = SimpleNamespace(
+        pipeline_dtype=dtype,
+        variable_seq_lengths=False,
+        mtp_standalone=False,
+        use_ring_exchange_p2p=False,
+        batch_p2p_comm=True,
+        batch_p2p_sync=False,
+        virtual_pipeline_model_parallel_size=None,
+        timers=None,
+    )
+    env = {"TITAN_PP_RDMA_BACKEND": "mooncake", "TITAN_PP_RDMA_TIMEOUT_S": "20"}
+    try:
+        with environ(env):
+            comm = build_communicator_class(P2PCommunicator)(
+                ps.get_pipeline_model_parallel_group(), config
+            )
+            if rank == 0:
+                comm.send_forward(torch.ones(4, 2, 16), is_last_stage=False)
+                comm.recv_backward([4, 2, 16], is_last_stage=False)  # learns of the peer's error
+            else:
+                comm.recv_forward(recv_shape, is_first_stage=False)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        session.reset()
+    return "no error"
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "expected"),
+    [
+        ([4, 2, 8], "float32", "shape (4, 2, 8) dtype torch.float32"),
+        ([4, 2, 16], "bfloat16", "shape (4, 2, 16) dtype torch.bfloat16"),
+    ],
+)
+def test_mismatch_names_both_sides(gloo_pool2: Any, shape: list, dtype: str, expected: str) -> None:
+    sender, receiver = gloo_pool2.run(mismatch_task, shape, dtype, timeout=120)
+    sent = "shape (4, 2, 16) dtype torch.float32"
+    assert receiver.startswith("PPRdmaMismatch"), receiver
+    assert expected in receiver and sent in receiver and "rank 0" in receiver, receiver
+    # The sender hears of it through the transport instead of waiting for its gradient forever.
+    assert sender.startswith("PPRdmaError") and sent in sender, sender
+
+
+# ----------------------------------------------------------------- separate process pair
+def pair_main(scenario: str, rank: int, port: int) -> None:
+    """One rank of the pair (run as a script); prints one JSON line, then exits hard."""
+    import torch
+    import torch.distributed as dist
+    from titan_pp_rdma.session import open_session
+    from titan_pp_rdma.settings import PPRdmaSettings
+    from titan_pp_rdma.wire import FWD
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    settings = PPRdmaSettings(backend="mooncake", timeout_s=TIMEOUT_S)
+    result: dict[str, Any] = {"rank": rank}
+    start = time.monotonic()
+    try:
+        if scenario == "never_joins" and rank == 1:
+            time.sleep(TIMEOUT_S + 3)  # alive, but never starts the pipeline
+        else:
+            tr = open_session(dist.group.WORLD, settings).transport
+            x = torch.arange(1024, dtype=torch.float32)
+            for step in range(3):
+                if rank == 0:
+                    if step == 2:  # killed mid-step, after posting nothing for step 2
+                        print(json.dumps(result), flush=True)
+                        os._exit(0)
+                    tr.isend(x + step, 1, FWD).wait()
+                else:
+                    start = time.monotonic()
+                    y = torch.empty(1024)
+                    tr.irecv(y, 0, FWD).wait()
+                    assert y.equal(x + step)
+    except Exception as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    result["elapsed"] = time.monotonic() - start
+    print(json.dumps(result), flush=True)
+    os._exit(0)  # a dead peer can leave gloo's teardown waiting
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_pair(scenario: str) -> list[dict]:
+    port = _free_port()
+    env = {**os.environ, "MC_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, scenario, str(rank), str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    out = []
+    for p in procs:
+        stdout, _ = p.communicate(timeout=60 + TIMEOUT_S)
+        lines = [line for line in stdout.splitlines() if line.startswith("{")]
+        assert lines, f"{scenario}: a rank printed no result"
+        out.append(json.loads(lines[-1]))
+    return out
+
+
+def test_peer_that_never_joins_times_out() -> None:
+    first, _ = _run_pair("never_joins")
+    assert first["error"].startswith("PPRdmaTimeout"), first
+    assert "ranks [1] did not join" in first["error"] and "TIMEOUT_S" in first["error"]
+    assert first["elapsed"] < TIMEOUT_S + 2
+
+
+def test_peer_killed_mid_step_raises_within_timeout() -> None:
+    _, survivor = _run_pair("killed")
+    assert survivor["error"].startswith("PPRdmaTimeout"), survivor
+    assert "receive from rank 0" in survivor["error"] and "no data arrived" in survivor["error"]
+    assert TIMEOUT_S - 0.1 < survivor["elapsed"] < TIMEOUT_S + 2
+
+
+if __name__ == "__main__":
+    pair_main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))

@@ -1,0 +1,94 @@
+"""Unit tests of the pieces that need no second process: wire format, knobs, fallback ops."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from titan_pp_rdma import mooncake_engine, report, torch_p2p
+from titan_pp_rdma.settings import PPRdmaSettings
+from titan_pp_rdma.wire import decode, describe_key, encode, key_nbytes, parse_key, tensor_key
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "nbytes"),
+    [((16, 2, 64), torch.float32, 8192), ((3,), torch.bfloat16, 6), ((2, 5), torch.int64, 80)],
+)
+def test_tensor_key_round_trip(shape: tuple, dtype: torch.dtype, nbytes: int) -> None:
+    key = tensor_key(shape, dtype)
+    assert parse_key(key) == (shape, dtype)
+    assert key_nbytes(key) == nbytes
+    assert describe_key(key) == f"shape {shape} dtype {dtype}"
+
+
+def test_messages_round_trip_and_error_text_stays_whole() -> None:
+    assert decode(encode("D", "f", "float32:4x2", 7, 1)) == ["D", "f", "float32:4x2", "7", "1"]
+    assert decode(encode("E", "a|b: c")) == ["E", "a|b: c"]
+
+
+def test_settings_from_env(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
+    monkeypatch.setenv("TITAN_PP_RDMA_PROTOCOL", "tcp")
+    monkeypatch.setenv("TITAN_PP_RDMA_TIMEOUT_S", "2.5")
+    monkeypatch.setenv("TITAN_PP_RDMA_METADATA", "http://127.0.0.1:8080/metadata")
+    monkeypatch.setenv("TITAN_PP_RDMA_SLOTS", "zero")  # malformed: warns, keeps the default
+    s = PPRdmaSettings.from_env()
+    assert "TITAN_PP_RDMA_SLOTS='zero'" in caplog.text
+    assert (s.protocol, s.timeout_s, s.slots) == ("tcp", 2.5, 4)
+    assert s.metadata == "http://127.0.0.1:8080/metadata"
+
+
+def test_protocol_autodetect(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mooncake_engine, "rdma_nics", lambda: ["mlx5_0"])
+    assert mooncake_engine.resolve_protocol("auto") == "rdma"
+    monkeypatch.setattr(mooncake_engine, "rdma_nics", lambda: [])
+    assert mooncake_engine.resolve_protocol("auto") == "tcp"
+    assert mooncake_engine.resolve_protocol("rdma") == "rdma"
+
+
+def test_host_defaults_to_loopback_for_a_local_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    assert mooncake_engine.resolve_host("") == "127.0.0.1"
+    assert mooncake_engine.resolve_host("10.0.0.7") == "10.0.0.7"
+
+
+def test_alias_keeps_storage_that_deallocate_output_tensor_replaces() -> None:
+    out = torch.arange(6.0)
+    held = torch_p2p.alias(out)
+    out.data = torch.empty((1,))  # what schedules.deallocate_output_tensor does
+    assert held.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_batched_ops_post_sends_next_prev_then_recvs_prev_next(monkeypatch: Any) -> None:
+    posted: list[tuple[str, int]] = []
+
+    class FakeOp:
+        def __init__(self, fn: Any, tensor: torch.Tensor, peer: int, group: Any) -> None:
+            posted.append((fn.__name__, int(tensor[0])))
+
+    class FakeWork:
+        def wait(self) -> bool:
+            return True
+
+    monkeypatch.setattr(torch_p2p.dist, "P2POp", FakeOp)
+    monkeypatch.setattr(torch_p2p.dist, "batch_isend_irecv", lambda ops: [FakeWork() for _ in ops])
+    works = torch_p2p.batched_p2p_ops_fixed(
+        tensor_send_prev=torch.tensor([1]),
+        tensor_recv_prev=torch.tensor([2]),
+        tensor_send_next=torch.tensor([3]),
+        tensor_recv_next=torch.tensor([4]),
+        group=None,
+        prev_pipeline_rank=1,
+        next_pipeline_rank=1,
+    )
+    # Same peer both ways (PP=2): FIFO matching pairs A's send_next with B's recv_prev.
+    assert posted == [("isend", 3), ("isend", 1), ("irecv", 2), ("irecv", 4)]
+    assert all(isinstance(w, torch_p2p.HeldWork) and w.wait() for w in works)
+
+
+def test_forced_torch_backend_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TITAN_PP_RDMA_BACKEND", "torch")
+    state = report.report()
+    assert state["backend"] == "torch" and "TITAN_PP_RDMA_BACKEND=torch" in state["why"]
+    checks = {c.name: c for c in report.doctor_checks()}
+    assert checks["pp_rdma.backend"].status == "ok"
