@@ -1,0 +1,338 @@
+"""The saved-tensor offloader: ``saved_tensors_hooks`` pushed around selected module forwards
+copy what autograd saves to a host pool on a side stream, and bring it back block by block in
+the order backward needs it.
+
+Granularity: a *block* is one forward of a selected module (attention, MoE layer, ...) of one
+unit (chunk, microbatch). Tensors are staged while the block runs and copied when it ends (so
+the copy overlaps the next block's compute on a GPU); during backward, the first unpack from a
+block triggers the reload of the next ``prefetch_blocks`` blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections import deque
+from typing import Any
+
+import torch
+
+from titan_act_offload.accounting import OffloadStats
+from titan_act_offload.config import OffloadConfig
+from titan_act_offload.host_pool import HostBufferPool
+from titan_act_offload.plan import Unit
+from titan_act_offload.records import (
+    EXTERNAL,
+    HOST,
+    KEPT,
+    RELOADED,
+    STAGED,
+    Block,
+    Handle,
+    Record,
+    UnitState,
+    dense_span,
+)
+
+logger = logging.getLogger("titan_plugins.act_offload")
+_hooks = torch._C._autograd
+
+
+class Offloader:
+    """Per-process offload engine. ``platform`` is ``titan_plugins.platform`` (or a stand-in)."""
+
+    def __init__(self, config: OffloadConfig, platform: Any) -> None:
+        self.config = config
+        self.platform = platform
+        self.device_type = platform.device_type()
+        self.device = platform.current_device()
+        self.asynchronous = self.device_type != "cpu"
+        self.stats = OffloadStats()
+        self.pool = HostBufferPool(config.max_host_bytes, pin=platform.pin_memory_supported())
+        self.d2h_stream = platform.new_stream()
+        self.h2d_stream = platform.new_stream()
+        self.current: UnitState | None = None
+        self.param_storages: frozenset[int] = frozenset()
+        self._in_flight: deque[Record] = deque()
+        self._budget_warned = False
+        self._pack_count = 0
+
+    # ----- units -------------------------------------------------------------------------
+    def begin_unit(self, unit: Unit, offload: bool, exclude: frozenset[int]) -> UnitState:
+        """Start the forward of ``unit``; tensors saved in selected blocks now belong to it."""
+        state = UnitState(unit, offload and not self.config.dry_run, exclude)
+        self.current = state
+        return state
+
+    def end_unit_forward(self, state: UnitState) -> None:
+        """The unit's forward returned: later saves are not its own."""
+        state.dedupe.clear()
+        state.open.clear()
+        # Backward reaches a block first where it saved last: order blocks by their last save.
+        order = sorted((b for b in state.blocks if b.records), key=lambda b: -b.last_pack)
+        for position, block in enumerate(order):
+            block.position = position
+        state.backward = order
+        if self.current is state:
+            self.current = None
+
+    def prefetch_unit(self, state: UnitState) -> None:
+        """Reload the first blocks backward will need (called by the plan ahead of backward)."""
+        for block in state.backward[: self.config.prefetch_blocks]:
+            self._reload(block, prefetch=True)
+
+    # ----- blocks (module forwards) ----------------------------------------------------------
+    def enter_block(self, name: str) -> Block | None:
+        """Push our hooks for a module forward, or return None when the saves are not ours."""
+        state = self.current
+        if state is None or not torch.is_grad_enabled():
+            return None
+        if torch._C._current_graph_task_id() != -1:
+            return None  # recomputation inside backward: saves are consumed at once
+        top = _hooks._top_saved_tensors_default_hooks(False)
+        if top is not None and top[0] != self.pack:
+            self.stats.skipped["other_saved_tensors_hooks"] += 1
+            return None  # another hook (TE/megatron offload, checkpoint) owns these saves
+        block = Block(name, state)
+        state.open.append(block)
+        _hooks._push_saved_tensors_default_hooks(self.pack, self.unpack)
+        return block
+
+    def exit_block(self, block: Block) -> None:
+        """Pop our hooks; the block's staged tensors go to host if its unit is offloaded."""
+        _hooks._pop_saved_tensors_default_hooks()
+        state = block.unit
+        if state.open and state.open[-1] is block:
+            state.open.pop()
+        state.blocks.append(block)
+        block_bytes = sum(r.nbytes for r in block.records)
+        self.stats.max_block_bytes = max(self.stats.max_block_bytes, block_bytes)
+        if state.offload:
+            self._offload(block)
+        self.poll()
+
+    # ----- saved tensor hooks ----------------------------------------------------------------
+    def skip_reason(self, tensor: torch.Tensor) -> str | None:
+        """Why a saved tensor stays with autograd untouched (None: we manage it)."""
+        if type(tensor) is not torch.Tensor:
+            return "parameter_or_subclass"
+        if tensor.grad_fn is None:
+            return "leaf"  # parameters, inputs, constants, caches: not activations
+        if tensor.layout != torch.strided or tensor.device.type != self.device_type:
+            return "not_device_strided"
+        if tensor.numel() * tensor.element_size() < self.config.min_bytes:
+            return "small"
+        storage = tensor.untyped_storage().data_ptr()
+        if storage in self.param_storages:
+            return "parameter_view"
+        if self.current is not None and storage in self.current.exclude:
+            return "stage_input"
+        if not dense_span(tensor):
+            return "not_dense"
+        return None
+
+    def pack(self, tensor: torch.Tensor) -> Any:
+        """Pack hook: register the tensor with the current block."""
+        state = self.current
+        if state is None or not state.open:
+            return tensor
+        reason = self.skip_reason(tensor)
+        if reason is not None:
+            self.stats.skipped[reason] += 1
+            return tensor
+        key = (
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tensor.stride(),
+            tensor.dtype,
+        )
+        hit = state.dedupe.get(key)
+        if hit is not None and hit[0]() is not None and hit[1].device is not None:
+            record = hit[1]
+            record.pending += 1
+            record.handles += 1
+            self._stamp(state.open[-1])
+            return Handle(record, self)
+        block = state.open[-1]
+        self._stamp(block)
+        record = Record(tensor, block)
+        block.records.append(record)
+        state.dedupe[key] = (weakref.ref(tensor), record)
+        state.saved += record.nbytes
+        self.stats.saved_bytes += record.nbytes
+        if state.offload:
+            self._enter(record, kept=False)
+        else:
+            record.state = KEPT
+            self._enter(record, kept=True)
+        return Handle(record, self)
+
+    def unpack(self, packed: Any) -> torch.Tensor:
+        """Unpack hook: hand the (reloaded) tensor to autograd."""
+        if not isinstance(packed, Handle):
+            return packed
+        record = packed.record
+        block = record.block
+        if not block.touched:
+            block.touched = True
+            if block.prefetched:
+                self.stats.prefetch_hits += 1
+            elif any(r.state == HOST for r in block.records):
+                self.stats.late_reloads += 1
+                self._reload(block, prefetch=False)
+            self._prefetch_after(block)
+        if record.state == HOST:  # shared with a block that was reloaded without it
+            self._reload(block, prefetch=False, force=True)
+        tensor = record.device
+        assert tensor is not None, "act_offload: saved tensor released before backward used it"
+        if self.asynchronous and record.state == RELOADED and block.reload_event is not None:
+            current = self.platform.current_stream()
+            block.reload_event.wait(current)
+            tensor.record_stream(current)
+        record.pending -= 1
+        if record.pending == 0:
+            self._leave(record)  # autograd owns it from here
+            self._release_host(record)
+        return tensor
+
+    def drop_handle(self, record: Record) -> None:
+        """A SavedVariable died: release the record once nothing points to it."""
+        record.handles -= 1
+        if record.handles == 0:
+            self._leave(record)
+            if record.state != HOST or record.done_event is None:
+                self._release_host(record)
+            record.device = None
+
+    # ----- copies ----------------------------------------------------------------------------
+    def _offload(self, block: Block) -> None:
+        records = [r for r in block.records if r.state == STAGED]
+        if not records:
+            return
+        platform = self.platform
+        ready = platform.new_event()
+        ready.record(platform.current_stream())
+        ready.wait(self.d2h_stream)  # copy only what compute has finished writing
+        done = platform.new_event() if self.asynchronous else None
+        with platform.stream_context(self.d2h_stream):
+            for record in records:
+                device = record.device
+                assert device is not None
+                if device.untyped_storage().nbytes() == 0:
+                    # megatron's CheckpointWithoutOutput released it; its recompute restores
+                    # the storage before backward reads it.
+                    record.state = EXTERNAL
+                    self._leave(record)
+                    self.stats.skipped["released_storage"] += 1
+                    continue
+                if device._version != record.version:
+                    self._keep(record, "modified_in_place")
+                    continue
+                buffer = self.pool.acquire(record.nbytes)
+                if buffer is None:
+                    self._over_budget(record)
+                    continue
+                record.host_buffer = buffer
+                record.host_view().copy_(device, non_blocking=self.asynchronous)
+                record.state = HOST
+                self.stats.offloaded_bytes += record.nbytes
+                if done is None:
+                    record.device = None
+                    self._leave(record)
+                else:
+                    record.done_event = done
+                    self._in_flight.append(record)
+            if done is not None:
+                done.record(self.d2h_stream)
+
+    def _reload(self, block: Block, prefetch: bool, force: bool = False) -> None:
+        if block.reloaded and not force:
+            return
+        records = [r for r in block.records if r.state == HOST]
+        if not records:
+            return  # nothing on host (kept block, or not ended yet): nothing to count
+        block.reloaded = True
+        block.prefetched = block.prefetched or prefetch
+        with self.platform.stream_context(self.h2d_stream):
+            for record in records:
+                if record.done_event is not None:
+                    record.done_event.wait(self.h2d_stream)
+                if record.device is None:
+                    tensor = torch.empty_strided(
+                        record.size, record.stride, dtype=record.dtype, device=self.device
+                    )
+                    tensor.copy_(record.host_view(), non_blocking=self.asynchronous)
+                    record.device = tensor
+                record.state = RELOADED
+                self._enter(record, kept=False)
+                if prefetch:
+                    self.stats.prefetched_bytes += record.nbytes
+                else:
+                    self.stats.late_reload_bytes += record.nbytes
+            if self.asynchronous:
+                block.reload_event = self.platform.new_event()
+                block.reload_event.record(self.h2d_stream)
+
+    def _prefetch_after(self, block: Block) -> None:
+        if block.position < 0:
+            return  # unpacked before its unit's forward ended: no order yet
+        start = block.position + 1
+        for nxt in block.unit.backward[start : start + self.config.prefetch_blocks]:
+            self._reload(nxt, prefetch=True)
+
+    def poll(self) -> None:
+        """Release device copies whose device-to-host copy has completed (GPU)."""
+        while self._in_flight and self._in_flight[0].done_event.query():
+            record = self._in_flight.popleft()
+            record.done_event = None
+            if record.state == HOST:
+                record.device = None
+                self._leave(record)
+            if record.handles == 0:
+                self._release_host(record)
+
+    def synchronize(self) -> None:
+        """Wait for every copy in flight (end of a step)."""
+        for record in self._in_flight:
+            record.done_event.synchronize()
+        self.poll()
+
+    def _stamp(self, block: Block) -> None:
+        self._pack_count += 1
+        block.last_pack = self._pack_count
+
+    # ----- accounting helpers ----------------------------------------------------------------
+    def _enter(self, record: Record, kept: bool) -> None:
+        if not record.resident:
+            record.resident, record.kept = True, kept
+            self.stats.add(record.block.unit.unit.chunk, record.nbytes, kept)
+
+    def _leave(self, record: Record) -> None:
+        if record.resident:
+            record.resident = False
+            self.stats.remove(record.block.unit.unit.chunk, record.nbytes, record.kept)
+
+    def _keep(self, record: Record, reason: str) -> None:
+        record.state = KEPT
+        self._leave(record)
+        self._enter(record, kept=True)
+        self.stats.skipped[reason] += 1
+
+    def _over_budget(self, record: Record) -> None:
+        self._keep(record, "host_budget")
+        self.stats.kept_over_budget_bytes += record.nbytes
+        if not self._budget_warned:
+            self._budget_warned = True
+            logger.warning(
+                "act_offload: host buffer budget reached (TITAN_ACT_OFFLOAD_MAX_HOST_BYTES=%d, "
+                "%d bytes in use); further activations stay on the device. Raise the budget or "
+                "offload fewer blocks (TITAN_ACT_OFFLOAD_MODULES).",
+                self.pool.budget,
+                self.pool.in_use,
+            )
+
+    def _release_host(self, record: Record) -> None:
+        if record.host_buffer is not None:
+            self.pool.release(record.host_buffer)
+            record.host_buffer = None

@@ -1,0 +1,135 @@
+"""Bookkeeping objects of the offloader: one record per saved tensor, one block per forward of a
+selected module inside a unit, one unit state per (chunk, microbatch) forward."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from titan_act_offload.plan import Unit
+
+# Record states.
+STAGED = "staged"  # on the device, waiting for its block to end before the copy to host
+KEPT = "kept"  # stays on the device (unit not offloaded, or not offloadable)
+HOST = "host"  # copied to host (device copy released once the copy completed)
+RELOADED = "reloaded"  # back on the device, not yet handed to autograd
+EXTERNAL = "external"  # storage released by someone else (megatron's CheckpointWithoutOutput)
+
+
+class Record:
+    """One distinct saved tensor (deduplicated within a unit)."""
+
+    __slots__ = (
+        "block",
+        "device",
+        "host_buffer",
+        "nbytes",
+        "size",
+        "stride",
+        "dtype",
+        "version",
+        "state",
+        "pending",
+        "handles",
+        "resident",
+        "kept",
+        "done_event",
+    )
+
+    def __init__(self, tensor: torch.Tensor, block: Block) -> None:
+        self.block = block
+        # detach(): a new TensorImpl on the same storage, immune to megatron's `out.data = ...`
+        # pseudo-free of pipeline outputs, and without a grad_fn reference cycle.
+        self.device: torch.Tensor | None = tensor.detach()
+        self.host_buffer: torch.Tensor | None = None
+        self.nbytes = tensor.numel() * tensor.element_size()
+        self.size = tuple(tensor.shape)
+        self.stride = tuple(tensor.stride())
+        self.dtype = tensor.dtype
+        self.version = tensor._version
+        self.state = STAGED
+        self.pending = 1  # unpacks still expected (one per pack)
+        self.handles = 1  # live handles (autograd SavedVariables) pointing here
+        self.resident = False
+        self.kept = False
+        self.done_event: Any = None
+
+    def host_view(self) -> torch.Tensor:
+        """The host buffer seen as a tensor with the original size, stride and dtype."""
+        assert self.host_buffer is not None
+        flat = self.host_buffer[: self.nbytes].view(self.dtype)
+        return flat.as_strided(self.size, self.stride)
+
+
+class Handle:
+    """What the pack hook gives autograd; dropping the last one releases the record."""
+
+    __slots__ = ("record", "owner")
+
+    def __init__(self, record: Record, owner: Any) -> None:
+        self.record = record
+        self.owner = owner
+
+    def __del__(self) -> None:
+        try:
+            self.owner.drop_handle(self.record)
+        except Exception:  # interpreter shutdown: nothing left to account
+            pass
+
+
+class Block:
+    """Saved tensors of one forward of a selected module (the offload/reload granule)."""
+
+    __slots__ = (
+        "name",
+        "unit",
+        "records",
+        "position",
+        "last_pack",
+        "reloaded",
+        "prefetched",
+        "touched",
+        "reload_event",
+    )
+
+    def __init__(self, name: str, unit: UnitState) -> None:
+        self.name = name
+        self.unit = unit
+        self.records: list[Record] = []
+        self.position = -1  # index in unit.backward once the unit's forward ended
+        self.last_pack = 0  # sequence number of the last save into this block
+        self.reloaded = False
+        self.prefetched = False
+        self.touched = False  # backward already unpacked from this block
+        self.reload_event: Any = None
+
+
+class UnitState:
+    """Offloader state of one unit between its forward and its backward."""
+
+    __slots__ = ("unit", "offload", "blocks", "backward", "open", "dedupe", "saved", "exclude")
+
+    def __init__(self, unit: Unit, offload: bool, exclude: frozenset[int] = frozenset()) -> None:
+        self.unit = unit
+        self.offload = offload
+        self.blocks: list[Block] = []  # closed blocks, in the order they ended
+        self.backward: list[Block] = []  # blocks with saves, in the order backward needs them
+        self.open: list[Block] = []  # blocks being run (nested modules)
+        self.dedupe: dict[tuple, tuple[Any, Record]] = {}
+        self.saved = 0  # distinct saved bytes
+        self.exclude = exclude  # storages the schedule keeps alive anyway (stage inputs)
+
+
+def dense_span(tensor: torch.Tensor) -> bool:
+    """True if the tensor covers its storage span exactly once (contiguous up to a permutation),
+    so a same-stride copy of ``numel`` elements reproduces it bit for bit, strides included."""
+    if tensor.is_contiguous():
+        return True
+    expected = 1
+    dims = sorted((st, s) for s, st in zip(tensor.shape, tensor.stride()) if s != 1)
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
