@@ -1,0 +1,176 @@
+"""The offloader on plain torch modules (CPU): bit-identical gradients, exact byte accounting,
+dedupe, parameter/foreign-hook exclusion, released storages and the host budget."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from titan_act_offload.config import OffloadConfig
+from titan_act_offload.offloader import Offloader
+from titan_act_offload.plan import Unit
+
+from titan_plugins import platform
+
+HIDDEN, FFN, TOKENS = 64, 256, 8
+
+
+class Block(torch.nn.Module):
+    """Linear -> gelu -> Linear, run as one offload block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(HIDDEN, FFN)
+        self.fc2 = torch.nn.Linear(FFN, HIDDEN)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+
+def _model() -> torch.nn.ModuleList:
+    torch.manual_seed(0)
+    return torch.nn.ModuleList(Block() for _ in range(3))
+
+
+def _input() -> torch.Tensor:
+    return torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
+
+
+def run(model, offloader: Offloader | None, offload: bool, microbatches: int = 3, steps: int = 1):
+    """All forwards, then all backwards (the longest wait), like a deep pipeline's warmup."""
+    x = _input().requires_grad_()
+    for _ in range(steps):
+        states, losses = [], []
+        for mb in range(microbatches):
+            if offloader is not None:
+                states.append(offloader.begin_unit(Unit(0, mb), offload, frozenset()))
+            h = x * (mb + 1)
+            for block in model:
+                entered = offloader.enter_block("mlp") if offloader is not None else None
+                try:
+                    h = block(h)
+                finally:
+                    if entered is not None:
+                        offloader.exit_block(entered)
+            if offloader is not None:
+                offloader.end_unit_forward(states[-1])
+            losses.append(h.square().sum())
+        for mb, loss in enumerate(losses):
+            if offloader is not None and offload:
+                offloader.prefetch_unit(states[mb])
+            loss.backward()
+    return [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+
+
+def make_offloader(model, **overrides) -> Offloader:
+    config = OffloadConfig(**{"min_bytes": 0, **overrides})
+    offloader = Offloader(config, platform)
+    offloader.param_storages = frozenset(p.untyped_storage().data_ptr() for p in model.parameters())
+    return offloader
+
+
+# Saved per block: fc1 input [8,64], gelu input [8,256], fc2 input [8,256] (fp32); weights are
+# parameters and stay with autograd.
+BLOCK_BYTES = 4 * TOKENS * (HIDDEN + 2 * FFN)
+UNIT_BYTES = 3 * BLOCK_BYTES
+
+
+def test_offload_engine_bit_identical_and_exact_accounting():
+    reference = run(_model(), None, False)
+    model = _model()
+    kept = make_offloader(model)
+    assert all(torch.equal(a, b) for a, b in zip(reference, run(model, kept, False)))
+    # Nothing offloaded: the peak is all three microbatches' saved bytes, exactly.
+    assert kept.stats.peak_resident == kept.stats.peak_kept == 3 * UNIT_BYTES
+    # Each Linear saves weight.t(): a view of a parameter, left to autograd.
+    assert kept.stats.skipped["parameter_view"] == 3 * 3 * 2
+    model = _model()
+    off = make_offloader(model)
+    assert all(torch.equal(a, b) for a, b in zip(reference, run(model, off, True, steps=2)))
+    stats = off.stats
+    assert stats.offloaded_bytes == stats.prefetched_bytes == 2 * 3 * UNIT_BYTES
+    assert stats.late_reloads == 0 and stats.prefetch_hits == 2 * 3 * 3
+    # One block staged in forward; in backward the block in use plus the one prefetched.
+    assert stats.max_block_bytes == BLOCK_BYTES
+    assert stats.peak_resident == 2 * BLOCK_BYTES and stats.resident == 0
+    # Host buffers come back to the pool and are reused by the second step.
+    pool = off.pool.stats()
+    assert pool["in_use"] == 0 and pool["reuses"] >= pool["allocations"]
+
+
+def test_offload_engine_dedupes_and_leaves_foreign_hooks_alone():
+    off = make_offloader(torch.nn.Linear(1, 1))
+    x = torch.randn(16, 16, requires_grad=True)
+    state = off.begin_unit(Unit(0, 0), True, frozenset())
+    block = off.enter_block("mlp")
+    y = x * 2
+    z = y * y  # mul saves y twice: one record
+    off.exit_block(block)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        assert off.enter_block("mlp") is None  # another hook owns these saves
+    off.end_unit_forward(state)
+    assert off.stats.saved_bytes == y.numel() * 4 and off.stats.offloaded_bytes == y.numel() * 4
+    assert off.stats.skipped["other_saved_tensors_hooks"] == 1
+    z.sum().backward()
+    assert torch.equal(x.grad, 8 * x.detach())
+    assert off.stats.late_reloads == 1  # nobody prefetched this unit
+
+
+def test_offload_engine_leaves_released_storage_to_its_owner():
+    # What megatron's CheckpointWithoutOutput does: the saved output's storage is resized to 0
+    # after the consumer saved it, and restored (recomputed) before backward reads it.
+    lin = torch.nn.Linear(32, 32)
+    off = make_offloader(lin)
+    x = torch.randn(4, 32, requires_grad=True)
+    state = off.begin_unit(Unit(0, 0), True, frozenset())
+    block = off.enter_block("layer")
+    a = torch.sigmoid(x) * 3
+    out = lin(a)  # saves a
+    a.untyped_storage().resize_(0)
+    off.exit_block(block)
+    off.end_unit_forward(state)
+    assert off.stats.skipped["released_storage"] == 1 and off.stats.resident >= 0
+    with torch.no_grad():  # the owner's recompute
+        a.untyped_storage().resize_(4 * 32 * 4)
+        a.copy_(torch.sigmoid(x) * 3)
+    out.sum().backward()
+    expected = torch.autograd.grad((lin(torch.sigmoid(x) * 3)).sum(), x)[0]
+    assert torch.equal(x.grad, expected)
+
+
+def test_offload_engine_host_budget_keeps_on_device_with_warning(caplog):
+    reference = run(_model(), None, False)
+    model = _model()
+    off = make_offloader(model, max_host_bytes=2 * BLOCK_BYTES)
+    with caplog.at_level(logging.WARNING, logger="titan_plugins.act_offload"):
+        grads = run(model, off, True)
+    assert all(torch.equal(a, b) for a, b in zip(reference, grads))
+    assert "host buffer budget reached" in caplog.text
+    assert off.stats.kept_over_budget_bytes > 0 and off.pool.capacity <= 2 * BLOCK_BYTES
+    assert off.stats.offloaded_bytes + off.stats.kept_over_budget_bytes == 3 * UNIT_BYTES
+
+
+def test_offload_config_reads_env(monkeypatch):
+    monkeypatch.setenv("TITAN_ACT_OFFLOAD_MODULES", "attention,experts,bogus")
+    monkeypatch.setenv("TITAN_ACT_OFFLOAD_MAX_HOST_BYTES", "512M")
+    monkeypatch.setenv("TITAN_ACT_OFFLOAD_MIN_GAP", "0")
+    config = OffloadConfig.from_env()
+    assert config.modules == ("attention", "experts")
+    assert config.max_host_bytes == 512 << 20 and config.min_gap == 0
+    monkeypatch.setenv("TITAN_ACT_OFFLOAD_MAX_HOST_BYTES", "4G")
+    assert OffloadConfig.from_env().max_host_bytes == 4 << 30
+    monkeypatch.delenv("TITAN_ACT_OFFLOAD_MAX_HOST_BYTES")
+    assert OffloadConfig.from_env().max_host_bytes > 0  # auto: a share of physical memory
+
+
+@pytest.mark.parametrize("name", ["attention", "layer"])
+def test_offload_wiring_declares_patches(name, monkeypatch):
+    from titan_act_offload import runtime, wiring
+
+    rt = runtime.Runtime(OffloadConfig(modules=(name,)))
+    records = wiring.patches(rt)
+    targets = {r.target for r in records}
+    assert "megatron.core.pipeline_parallel.schedules:backward_step" in targets
+    assert all(r.rationale and r.remove_when for r in records)
+    assert any(name in r.id for r in records)
