@@ -6,36 +6,46 @@ the world-size-1 run; each layout loads the world-size-1 initial weights and is 
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
 import torch
 
-from titan_plugins.testing import tiny_gpt
+from titan_plugins.testing import cpu_harness, tiny_gpt
 
 pytestmark = pytest.mark.multiprocess
 
 STEPS = 5
 
 
-def reference_run(steps: int, num_microbatches: int) -> tuple:
+def reference_run(steps: int, num_microbatches: int, **config: object) -> tuple:
     """World size 1: initial weights, losses, grad norms and final state."""
     tiny_gpt.init_parallel()
-    cfg = tiny_gpt.make_config()
+    cfg = tiny_gpt.make_config(**config)
     chunks = tiny_gpt.build_model(cfg)
     initial = tiny_gpt.global_state_dict(chunks)
     losses, grad_norms = tiny_gpt.train(chunks, cfg, steps, num_microbatches)
     return initial, losses, grad_norms, tiny_gpt.state_snapshot(chunks)
 
 
-def layout_run(initial: dict, steps: int, num_microbatches: int, **parallel: int) -> tuple:
-    """Another layout, starting from the reference's initial weights."""
+def layout_run(
+    initial: dict,
+    steps: int,
+    num_microbatches: int,
+    parallel: dict,
+    config: dict | None = None,
+    keep_sent_buffers: bool = False,
+) -> tuple:
+    """Another layout (``init_parallel(**parallel)``), from the reference's initial weights."""
     tiny_gpt.init_parallel(**parallel)
-    cfg = tiny_gpt.make_config()
+    cfg = tiny_gpt.make_config(**(config or {}))
     chunks = tiny_gpt.build_model(cfg, ddp=False)
     tiny_gpt.load_global_state_dict(chunks, initial)
     chunks = tiny_gpt.wrap_ddp(chunks, cfg)
-    losses, grad_norms = tiny_gpt.train(chunks, cfg, steps, num_microbatches)
+    keep = cpu_harness.keeping_sent_buffers() if keep_sent_buffers else contextlib.nullcontext()
+    with keep:
+        losses, grad_norms = tiny_gpt.train(chunks, cfg, steps, num_microbatches)
     return losses, grad_norms, tiny_gpt.state_snapshot(chunks)
 
 
@@ -62,7 +72,7 @@ def test_world_size_1_loss_decreases_on_fixed_data(reference):
 
 def test_expert_parallel_2_matches_world_size_1(gloo_pool2, reference):
     initial, ref_losses, ref_norms, ref_state = reference
-    results = gloo_pool2.run(layout_run, initial, 10, 2, ep=2)
+    results = gloo_pool2.run(layout_run, initial, 10, 2, {"ep": 2})
     state = _merge([snapshot for _, _, snapshot in results])
     assert set(state) == set(ref_state)  # every expert is owned by exactly one EP rank
     for losses, grad_norms, _ in results:  # no pipeline: every rank reports the loss
@@ -78,7 +88,7 @@ def test_expert_parallel_2_matches_world_size_1(gloo_pool2, reference):
 
 def test_pipeline_parallel_2_1f1b_matches_world_size_1(gloo_pool1, gloo_pool2):
     initial, ref_losses, ref_norms, ref_state = gloo_pool1.run(reference_run, STEPS, 4)[0]
-    results = gloo_pool2.run(layout_run, initial, STEPS, 4, pp=2)
+    results = gloo_pool2.run(layout_run, initial, STEPS, 4, {"pp": 2})
     assert results[0][0] == []  # only the last stage reports losses
     losses = results[1][0]
     # Each stage computes exactly the ws1 operations, and the tied-embedding gradient is the same
@@ -91,3 +101,20 @@ def test_pipeline_parallel_2_1f1b_matches_world_size_1(gloo_pool1, gloo_pool2):
     assert set(state) == set(ref_state)
     for name, ref_tensor in ref_state.items():
         torch.testing.assert_close(state[name], ref_tensor, rtol=0, atol=1e-6, msg=name)
+
+
+def test_interleaved_pipeline_with_overlapped_p2p_matches_world_size_1(gloo_pool1, gloo_pool2):
+    # megatron.training's settings for interleaving: overlapped (async) P2P and pseudo-freed
+    # outputs. On gloo that needs the sent buffers kept alive (the P2P plugin's job in real runs).
+    initial, ref_losses, ref_norms, _ = gloo_pool1.run(reference_run, STEPS, 4, num_layers=4)[0]
+    config = {
+        "overlap_p2p_comm": True,
+        "batch_p2p_comm": False,
+        "deallocate_pipeline_outputs": True,
+    }
+    results = gloo_pool2.run(
+        layout_run, initial, STEPS, 4, {"pp": 2, "vpp": 2}, config, keep_sent_buffers=True
+    )
+    assert results[1][0] == ref_losses  # same operations per layer as at world size 1
+    for _, grad_norms, _ in results:
+        torch.testing.assert_close(grad_norms, ref_norms, rtol=1e-6, atol=0)

@@ -13,16 +13,19 @@ be switched off again in that process. No megatron file is edited; everything is
   ``cpu_offload`` flag holder for fine-grained activation offloading
 
 Deliberately NOT fixed here (plugins must handle and test them; see DESIGN §7): the PP=2 + VPP
-batched-P2P op order, and the freed-send-buffer hazard of ``deallocate_output_tensor`` (opt in with
-``install(keep_sent_buffers=True)`` when a test needs overlapped P2P without the P2P plugin).
+batched-P2P op order, and the freed-send-buffer hazard of ``deallocate_output_tensor``. A test that
+needs overlapped P2P without the P2P plugin opts in with ``keeping_sent_buffers()`` (one block, the
+right choice in shared workers) or ``install(keep_sent_buffers=True)`` (rest of the process).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 import types
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -34,7 +37,8 @@ from titan_plugins.testing._post_import import when_imported
 
 _LOCK = threading.Lock()
 _MODE: CudaToCpuMode | None = None
-_KEEP_SENT_BUFFERS = False
+_KEEP_SENT_BUFFERS = False  # read by the deallocate_output_tensor wrapper at each call
+_SCHEDULES_WRAPPED = False  # the wrapper is installed on the first opt-in only
 # Storage of pseudo-freed pipeline outputs kept alive while a gloo isend may still read it; a few
 # sends are in flight at most, 64 is ample for test pipelines.
 _SENT_BUFFERS: collections.deque[torch.Tensor] = collections.deque(maxlen=64)
@@ -55,12 +59,10 @@ def install(keep_sent_buffers: bool = False) -> None:
     """Install the CPU shims in this process (idempotent; cannot be undone).
 
     Call it before building megatron models; megatron may be imported before or after.
-    ``keep_sent_buffers=True`` additionally makes ``schedules.deallocate_output_tensor`` keep the
-    old storage of pseudo-freed pipeline outputs alive (needed for ``overlap_p2p_comm`` with
-    ``deallocate_pipeline_outputs=True`` on gloo, where an async send may still be reading it).
-    A later call with ``keep_sent_buffers=True`` adds that fix to an existing installation.
+    ``keep_sent_buffers=True`` also turns on, for the rest of the process, keeping the old storage
+    of pseudo-freed pipeline outputs alive (see ``keeping_sent_buffers``).
     """
-    global _MODE, _KEEP_SENT_BUFFERS
+    global _MODE
     with _LOCK:
         if _MODE is None:
             patch_torch_cuda()
@@ -75,9 +77,38 @@ def install(keep_sent_buffers: bool = False) -> None:
             when_imported(_MOE_UTILS, _fix_moe_utils)
             when_imported(_TOKEN_DISPATCHER, _fix_token_dispatcher)
             when_imported(_TE_EXTENSIONS, _fix_te_extensions)
-        if keep_sent_buffers and not _KEEP_SENT_BUFFERS:
-            _KEEP_SENT_BUFFERS = True
-            when_imported(_SCHEDULES, _fix_schedules_deallocate)
+        if keep_sent_buffers:
+            _set_keep_sent_buffers(True)
+
+
+@contextlib.contextmanager
+def keeping_sent_buffers() -> Iterator[None]:
+    """Inside this block, ``schedules.deallocate_output_tensor`` keeps freed storage alive.
+
+    megatron pseudo-frees a pipeline output right after *posting* its async send when
+    ``overlap_p2p_comm`` and ``deallocate_pipeline_outputs`` are on; NCCL's caching allocator
+    protects the buffer, a gloo isend reads freed memory (silently wrong losses or NaN). Outside
+    the block the wrapper calls megatron's original function, so other tasks in a shared worker
+    (e.g. a P2P plugin's test of that very hazard) see upstream behaviour. Installs the harness.
+    """
+    global _KEEP_SENT_BUFFERS
+    install()
+    previous = _KEEP_SENT_BUFFERS
+    _set_keep_sent_buffers(True)
+    try:
+        yield
+    finally:
+        _KEEP_SENT_BUFFERS = previous
+        if not previous:
+            _SENT_BUFFERS.clear()
+
+
+def _set_keep_sent_buffers(keep: bool) -> None:
+    global _KEEP_SENT_BUFFERS, _SCHEDULES_WRAPPED
+    _KEEP_SENT_BUFFERS = keep
+    if keep and not _SCHEDULES_WRAPPED:
+        _SCHEDULES_WRAPPED = True
+        when_imported(_SCHEDULES, _wrap_schedules_deallocate)
 
 
 def _fix_random(module: ModuleType) -> None:
@@ -122,17 +153,21 @@ def _fix_te_extensions(module: ModuleType) -> None:
         module.cpu_offload = types.SimpleNamespace(CPUOffloadEnabled=False)
 
 
-def _keeping_deallocate_output_tensor(out: Any, deallocate_pipeline_outputs: bool = False) -> None:
-    """``schedules.deallocate_output_tensor`` that keeps the freed storage alive for a while.
+def _wrap_schedules_deallocate(module: ModuleType) -> None:
+    original = module.deallocate_output_tensor
 
-    Still pseudo-frees (``custom_backward`` asserts ``numel() == 1``), but an in-flight gloo isend
-    of the old storage no longer reads freed memory.
-    """
-    if out is None or not deallocate_pipeline_outputs:
-        return
-    _SENT_BUFFERS.append(out.data)
-    out.data = torch.empty((1,), device=out.device, dtype=out.dtype)
+    def deallocate_output_tensor(out: Any, deallocate_pipeline_outputs: bool = False) -> None:
+        """megatron's pseudo-free, keeping the old storage alive while sent buffers are kept.
 
+        Still pseudo-frees (``custom_backward`` asserts ``numel() == 1``), but an in-flight gloo
+        isend of the old storage no longer reads freed memory.
+        """
+        if not _KEEP_SENT_BUFFERS:
+            return original(out, deallocate_pipeline_outputs)
+        if out is None or not deallocate_pipeline_outputs:
+            return None
+        _SENT_BUFFERS.append(out.data)
+        out.data = torch.empty((1,), device=out.device, dtype=out.dtype)
+        return None
 
-def _fix_schedules_deallocate(module: ModuleType) -> None:
-    module.deallocate_output_tensor = _keeping_deallocate_output_tensor
+    module.deallocate_output_tensor = deallocate_output_tensor

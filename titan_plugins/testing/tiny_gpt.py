@@ -16,6 +16,7 @@ megatron is imported lazily (inside functions), so importing this module is chea
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,7 @@ __all__ = [
     "make_optimizer",
     "state_snapshot",
     "train",
+    "wrap_ddp",
 ]
 
 VOCAB = 128  # vocabulary size
@@ -73,6 +75,7 @@ def init_parallel(tp: int = 1, pp: int = 1, ep: int = 1, vpp: int | None = None)
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     mrandom.get_cuda_rng_tracker().reset()
+    _reset_run_globals()
     ps.initialize_model_parallel(
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
@@ -80,6 +83,17 @@ def init_parallel(tp: int = 1, pp: int = 1, ep: int = 1, vpp: int | None = None)
         expert_model_parallel_size=ep,
     )
     mrandom.model_parallel_cuda_manual_seed(PARALLEL_SEED)
+
+
+def _reset_run_globals() -> None:
+    """Forget megatron's process-global per-run state left by an earlier task in this worker."""
+    from megatron.core.transformer.moe import moe_utils
+
+    # The MoE aux-loss tracker sizes its tensors by the first model's layer count (moe_utils.py).
+    moe_utils.get_moe_layer_wise_logging_tracker().clear()
+    offload = sys.modules.get("megatron.core.pipeline_parallel.fine_grained_activation_offload")
+    if offload is not None:  # the activation-offload manager is a singleton holding chunk state
+        offload.PipelineOffloadManager.OFFLOAD_MGR = None
 
 
 def make_config(**overrides: Any) -> TransformerConfig:
@@ -255,6 +269,7 @@ def train(
     """
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker
 
     if cfg.finalize_model_grads_func is None:
         cfg.finalize_model_grads_func = finalize_model_grads
@@ -264,6 +279,7 @@ def train(
     losses: list[float] = []
     grad_norms: list[float] = []
     for _ in range(steps):
+        clear_aux_losses_tracker()  # per step, as megatron.training's MoE metric logging does
         for chunk in chunks:
             chunk.zero_grad_buffer()
         optimizer.zero_grad()
