@@ -50,23 +50,28 @@ def _example_distribution(root: Path) -> str:
 
 
 class Probe:
-    """Ray actor body: what a slime/miles training actor would see after importing megatron."""
+    """Ray actor body: what a slime/miles training actor sees after importing megatron.core."""
 
     def state(self) -> dict:
+        """Whether the example patch is in place, then what ``titan-plugins doctor`` reports."""
+        import contextlib
+        import io
+        import json
+
         import torch  # noqa: F401  (the torch.backends autoload runs here)
         from megatron.core import parallel_state
 
-        from titan_plugins.report import collect
+        from titan_plugins.cli import main as titan_plugins
 
-        report = collect()
-        example = [p for p in report["plugins"] if p.get("name") == "example"]
+        marked = getattr(parallel_state.initialize_model_parallel, "_titan_example", False)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            titan_plugins(["doctor", "--json", "--no-import"])
+        checks = {c["name"]: c for c in json.loads(out.getvalue()) if c["plugin"] == "core"}
         return {
-            "marked": bool(
-                getattr(parallel_state.initialize_model_parallel, "_titan_example", False)
-            ),
-            "active": report["active"],
-            "example": example[0] if example else None,
+            "marked": bool(marked),
             "switch": os.environ.get("TITAN_EXAMPLE"),
+            "autoload": checks["autoload"],
         }
 
 
@@ -74,6 +79,7 @@ class Probe:
 def test_ray_actors_see_switches_only_through_runtime_env(tmp_path: Path, monkeypatch) -> None:
     ray = pytest.importorskip("ray")
     monkeypatch.delenv("TITAN_EXAMPLE", raising=False)
+    monkeypatch.delenv("TORCH_DEVICE_BACKEND_AUTOLOAD", raising=False)
     job_env = {
         # the root conftest turns autoload off for pytest; actors run like production workers
         "TITAN_PLUGINS_AUTOLOAD": "1",
@@ -92,18 +98,23 @@ def test_ray_actors_see_switches_only_through_runtime_env(tmp_path: Path, monkey
     )
     try:
         actor = ray.remote(num_cpus=0)(Probe)
-        plain = actor.remote()
-        base = ray.get(plain.state.remote(), timeout=120)
-        assert base["active"] and base["marked"], base
-
         monkeypatch.setenv("TITAN_EXAMPLE", "0")  # driver only: the cluster already runs
         driver_only = actor.remote()
         sent = actor.options(runtime_env=titan_runtime_env()).remote()
-        seen_driver_only, seen_sent = ray.get(
-            [driver_only.state.remote(), sent.state.remote()], timeout=120
-        )
-        assert seen_driver_only["switch"] is None and seen_driver_only["marked"]
-        assert seen_sent["switch"] == "0" and not seen_sent["marked"], seen_sent
+        no_autoload = actor.options(
+            runtime_env=titan_runtime_env(env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+        ).remote()
+        seen = ray.get([a.state.remote() for a in (driver_only, sent, no_autoload)], timeout=180)
     finally:
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
+    driver_only_state, sent_state, no_autoload_state = seen
+    # autoload applied the installed plugin's patch inside the actor; the driver's switch is absent
+    assert driver_only_state["switch"] is None and driver_only_state["marked"], driver_only_state
+    assert driver_only_state["autoload"]["status"] == "ok"
+    # the same switch sent through the helper's runtime_env turns the plugin off there
+    assert sent_state["switch"] == "0" and not sent_state["marked"], sent_state
+    # TORCH_DEVICE_BACKEND_AUTOLOAD=0 reaches the actor too: nothing applies, doctor explains why
+    assert not no_autoload_state["marked"]
+    assert no_autoload_state["autoload"]["status"] == "warn"
+    assert "TORCH_DEVICE_BACKEND_AUTOLOAD" in no_autoload_state["autoload"]["detail"]
