@@ -1,0 +1,182 @@
+"""Backend choice and megatron wiring: fake DeepEP builds (v2, MT-DeepEP, a compatible v1), STRICT,
+bad settings, and the patches applied / undone on real megatron-core in a gloo worker."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import logging
+import sys
+import types
+
+import pytest
+import torch
+from titan_moe_ep_overlap import doctor, plugin, selection
+from titan_moe_ep_overlap.overlap import chunk_bounds
+
+from titan_plugins.settings import SettingError
+
+
+def _fake_deep_ep(kind: str) -> dict[str, types.ModuleType]:
+    """A fake ``deep_ep`` package: "v1" (compatible), "v2" (utils lacks EventOverlap), "mt"."""
+    deep_ep = types.ModuleType("deep_ep")
+    deep_ep.__spec__ = importlib.machinery.ModuleSpec("deep_ep", None, is_package=True)
+    utils = types.ModuleType("deep_ep.utils")
+    utils.__spec__ = importlib.machinery.ModuleSpec("deep_ep.utils", None)
+
+    class EventHandle:
+        pass
+
+    utils.EventHandle = EventHandle
+    if kind != "v2":
+        utils.EventOverlap = type("EventOverlap", (), {})
+    size_arg = "num_mtl_bytes" if kind == "mt" else "num_nvl_bytes"
+    namespace: dict = {}
+    exec(f"def __init__(self, group, {size_arg}=0, num_rdma_bytes=0): pass", namespace)
+    methods = ("get_dispatch_layout", "dispatch", "combine", "get_dispatch_config",
+               "get_combine_config", "set_num_sms")  # fmt: skip
+    body = {name: staticmethod(lambda *a, **k: None) for name in methods}
+    deep_ep.Buffer = type("Buffer", (), {"__init__": namespace["__init__"], **body})
+    deep_ep.utils = utils
+    deep_ep.__version__ = "2.1.0" if kind == "v2" else "1.2.1"
+    return {"deep_ep": deep_ep, "deep_ep.utils": utils}
+
+
+@pytest.fixture
+def fresh_selection(monkeypatch):
+    monkeypatch.delenv("TITAN_PLUGINS_STRICT", raising=False)
+    monkeypatch.delenv("TITAN_MOE_EP_OVERLAP_BACKEND", raising=False)
+    selection.reset()
+    yield monkeypatch
+    selection.reset()
+
+
+def _install(monkeypatch, kind: str) -> None:
+    for name, module in _fake_deep_ep(kind).items():
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+def test_deep_ep_v2_falls_back_with_a_clear_message(fresh_selection, caplog) -> None:
+    _install(fresh_selection, "v2")
+    with caplog.at_level(logging.WARNING):
+        chosen = selection.select_backend()
+    assert chosen.backend == selection.TORCH
+    assert "EventOverlap" in chosen.detail
+    assert "install DeepEP v1.x" in caplog.text and "EventOverlap" in caplog.text
+    check = doctor.check_deep_ep()
+    assert check.status == "warn" and "DeepEP v2 detected" in check.detail and check.fix
+    assert chosen.api.Buffer.__module__ == "titan_moe_ep_overlap.buffer"
+
+
+def test_deep_ep_v2_is_an_error_under_strict(fresh_selection) -> None:
+    _install(fresh_selection, "v2")
+    fresh_selection.setenv("TITAN_PLUGINS_STRICT", "1")
+    with pytest.raises(SettingError, match="EventOverlap"):
+        selection.select_backend()
+    assert plugin.titan_report()["backend"] == "error"
+
+
+def test_mt_deep_ep_signature_is_rejected(fresh_selection, caplog) -> None:
+    _install(fresh_selection, "mt")
+    with caplog.at_level(logging.WARNING):
+        chosen = selection.select_backend()
+    assert chosen.backend == selection.TORCH and "num_mtl_bytes" in chosen.detail
+
+
+def test_compatible_deep_ep_is_used_and_megatron_keeps_it(fresh_selection) -> None:
+    from titan_moe_ep_overlap.patches import _backend_value
+
+    from titan_plugins.patching import MISSING
+
+    _install(fresh_selection, "v1")
+    chosen = selection.select_backend()
+    assert chosen.backend == selection.DEEP_EP and chosen.api is sys.modules["deep_ep"]
+    original = sys.modules["deep_ep"].Buffer
+    assert _backend_value("Buffer")(original) is original
+    assert _backend_value("Buffer")(MISSING).__module__ == "titan_moe_ep_overlap.buffer"
+    assert plugin.titan_moe_dispatcher(config=None) is sys.modules["deep_ep"]
+    assert doctor.check_deep_ep().status == "ok"
+
+
+def test_forcing_deep_ep_without_it(fresh_selection, caplog) -> None:
+    fresh_selection.setenv("TITAN_MOE_EP_OVERLAP_BACKEND", "deep_ep")
+    with caplog.at_level(logging.WARNING):
+        assert selection.select_backend().backend == selection.TORCH
+    assert "not installed" in caplog.text
+    selection.reset()
+    fresh_selection.setenv("TITAN_PLUGINS_STRICT", "1")
+    with pytest.raises(SettingError, match="TITAN_MOE_EP_OVERLAP_BACKEND=torch"):
+        selection.select_backend()
+
+
+def test_bad_settings_and_expert_count(fresh_selection, caplog) -> None:
+    from titan_moe_ep_overlap import settings
+
+    fresh_selection.setenv("TITAN_MOE_EP_OVERLAP_CHUNKS", "0")
+    with caplog.at_level(logging.WARNING):
+        assert settings.num_chunks() == settings.DEFAULT_CHUNKS
+    config = types.SimpleNamespace(num_moe_experts=6, expert_model_parallel_size=4)
+    with caplog.at_level(logging.WARNING):
+        plugin.titan_configure(config=config)
+    assert "num_moe_experts=6" in caplog.text and "--num-experts" in caplog.text
+    fresh_selection.setenv("TITAN_PLUGINS_STRICT", "1")
+    with pytest.raises(SettingError, match="divisible"):
+        plugin.titan_configure(config=config)
+
+
+def test_chunk_bounds_cover_tokens_with_a_fixed_count() -> None:
+    for tokens in (0, 1, 3, 10, 17):
+        bounds = chunk_bounds(tokens, 4)
+        assert len(bounds) == 4 and bounds[0][0] == 0 and bounds[-1][1] == tokens
+        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+        sizes = [hi - lo for lo, hi in bounds]
+        assert max(sizes) - min(sizes) <= 1
+
+
+def task_wiring_with_fake_v2(strict: str) -> dict:
+    """Real megatron: with a DeepEP v2 build importable, the flex dispatcher runs on our backend;
+    under STRICT the activation fails; on exit megatron's names are restored."""
+    from megatron.core.transformer.moe import fused_a2a, token_dispatcher
+
+    from titan_plugins.testing import plugin_active, tiny_gpt
+
+    tiny_gpt.init_parallel(ep=2)
+    fakes = _fake_deep_ep("v2")
+    sys.modules.update(fakes)
+    result: dict = {}
+    try:
+        with plugin_active("moe_ep_overlap", env={"TITAN_PLUGINS_STRICT": strict}) as engine:
+            result["status"] = {
+                p.id: p.status for p in engine.patches() if p.id.startswith("moe_ep_overlap.")
+            }
+            result["buffer"] = fused_a2a.Buffer.__module__
+            from titan_moe_ep_overlap.moe_forward import chunked_experts  # noqa: F401
+
+            cfg = tiny_gpt.make_config(num_layers=1, moe_token_dispatcher_type="flex",
+                                       moe_router_dtype="fp32")  # fmt: skip
+            layer = tiny_gpt.build_model(cfg, ddp=False)[0].decoder.layers[0].mlp
+            x = torch.randn(4, 2, 64, requires_grad=True)
+            out, _ = layer(x)
+            out.sum().backward()
+            result["finite"] = bool(torch.isfinite(x.grad).all())
+    except Exception as err:  # STRICT: the activation itself must fail, clearly
+        result["error"] = f"{type(err).__name__}: {err}"
+    finally:
+        for name in fakes:
+            sys.modules.pop(name, None)
+        selection.reset()
+    result["restored"] = token_dispatcher.fused_dispatch is None and not hasattr(
+        fused_a2a, "Buffer"
+    )
+    return result
+
+
+@pytest.mark.multiprocess
+def test_megatron_wiring_with_incompatible_deep_ep(gloo_pool2) -> None:
+    for res in gloo_pool2.run(task_wiring_with_fake_v2, "0"):
+        assert "error" not in res, res
+        assert len(res["status"]) == 10 and set(res["status"].values()) == {"applied"}, res
+        assert res["buffer"] == "titan_moe_ep_overlap.buffer" and res["finite"]
+        assert res["restored"]
+    for res in gloo_pool2.run(task_wiring_with_fake_v2, "1"):
+        assert "EventOverlap" in res.get("error", ""), res
+        assert res["restored"]
