@@ -1,0 +1,114 @@
+"""Run the map step (one trace -> one summary) on a local process pool or on Ray.
+
+Local: ``multiprocessing`` with ``imap_unordered`` (one file per task, so a worker holds one
+rank at a time) and a progress bar on stderr.  Ray (optional, ``pip install ray``): the same
+function as Ray tasks, for clusters whose nodes see the traces on shared storage; chosen over
+Dask because Megatron RL hosts (slime, miles) already run inside Ray clusters, so the engine is
+usually there already.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from .summarize import summarize
+
+
+class EngineError(Exception):
+    """The chosen engine cannot run here; the message names the fix."""
+
+
+class Progress:
+    """A one-line progress bar on stderr (only when stderr is a terminal, or when forced)."""
+
+    def __init__(self, total: int, enabled: bool | None = None, label: str = "traces") -> None:
+        self.total, self.done, self.label = total, 0, label
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.t0 = time.monotonic()
+
+    def update(self, n: int = 1) -> None:
+        """Advance by ``n`` finished items and redraw."""
+        self.done += n
+        if not self.enabled:
+            return
+        frac = self.done / max(1, self.total)
+        bar = "#" * int(30 * frac)
+        rate = self.done / max(1e-9, time.monotonic() - self.t0)
+        sys.stderr.write(
+            f"\r{self.label} [{bar:<30}] {self.done}/{self.total} {rate:.1f}/s"
+            + ("\n" if self.done >= self.total else "")
+        )
+        sys.stderr.flush()
+
+
+def _task(args: tuple[str, str | None]) -> dict[str, Any]:
+    return summarize(*args)
+
+
+def map_local(paths: list[str], timeline_dir: str | None, workers: int = 0) -> Iterator[dict]:
+    """Summaries of ``paths`` from a local process pool (``workers`` <= 0: one per CPU)."""
+    n = workers if workers > 0 else (os.cpu_count() or 1)
+    n = max(1, min(n, len(paths)))
+    tasks = [(p, timeline_dir) for p in paths]
+    if n == 1:
+        yield from map(_task, tasks)
+        return
+    ctx = mp.get_context("spawn" if sys.platform == "darwin" else "forkserver")
+    with ctx.Pool(n, maxtasksperchild=64) as pool:
+        yield from pool.imap_unordered(_task, tasks, chunksize=1)
+
+
+def map_ray(
+    paths: list[str], timeline_dir: str | None, address: str | None = None
+) -> Iterator[dict]:
+    """Summaries of ``paths`` computed as Ray tasks (every node must see the same paths)."""
+    try:
+        import ray
+    except ImportError:
+        raise EngineError(
+            "--engine ray needs Ray: pip install 'ray>=2.9' (or use the default local engine)"
+        ) from None
+    started = False
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        started = True
+    try:
+        remote = ray.remote(_task)
+        pending = [remote.remote((p, timeline_dir)) for p in paths]
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            yield from ray.get(done)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def run_map(
+    paths: list[str],
+    timeline_dir: str | None,
+    engine: str = "local",
+    workers: int = 0,
+    progress: bool | None = None,
+    ray_address: str | None = None,
+    on_result: Callable[[dict], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Summarise every path with the chosen engine; returns the summaries in input order."""
+    if engine == "local":
+        it: Iterable[dict] = map_local(paths, timeline_dir, workers)
+    elif engine == "ray":
+        it = map_ray(paths, timeline_dir, ray_address)
+    else:
+        raise EngineError(f"unknown engine {engine!r}: use 'local' or 'ray'")
+    bar = Progress(len(paths), progress)
+    out = {}
+    for res in it:
+        out[res["file"]] = res
+        if on_result:
+            on_result(res)
+        bar.update()
+    return [out[p] for p in paths]
