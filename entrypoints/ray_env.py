@@ -55,6 +55,20 @@ def titan_runtime_env(
     return out
 
 
+def megatron_init(args: Any = None) -> None:
+    """Late explicit activation for slime / miles: ``--custom-megatron-init-path
+    titan_entrypoints.ray_env.megatron_init``.
+
+    For actors where the automatic channel is off (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``). The hosts
+    call it after ``mpu.initialize_model_parallel``, so it is late: modules already imported are
+    patched at once, but objects built before it (and names other modules copied) keep the old
+    code. ``args`` (the host's Megatron namespace) is not used.
+    """
+    import titan_plugins
+
+    titan_plugins.apply()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the runtime_env JSON (or only its env_vars, for slime/miles ``--train-env-vars``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -52,24 +52,33 @@ def _example_distribution(root: Path) -> str:
 class Probe:
     """Ray actor body: what a slime/miles training actor sees after importing megatron.core."""
 
-    def state(self) -> dict:
-        """Whether the example patch is in place, then what ``titan-plugins doctor`` reports."""
+    def state(self, late_init: bool = False) -> dict:
+        """Whether the example patch is in place, then what ``titan-plugins doctor`` reports.
+
+        ``late_init``: afterwards call the slime/miles ``--custom-megatron-init-path`` fallback.
+        """
         import contextlib
         import io
         import json
 
         import torch  # noqa: F401  (the torch.backends autoload runs here)
         from megatron.core import parallel_state
+        from titan_entrypoints.ray_env import megatron_init
 
         from titan_plugins.cli import main as titan_plugins
 
         marked = getattr(parallel_state.initialize_model_parallel, "_titan_example", False)
+        late = None
+        if late_init:
+            megatron_init(None)
+            late = getattr(parallel_state.initialize_model_parallel, "_titan_example", False)
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             titan_plugins(["doctor", "--json", "--no-import"])
         checks = {c["name"]: c for c in json.loads(out.getvalue()) if c["plugin"] == "core"}
         return {
             "marked": bool(marked),
+            "late": late,
             "switch": os.environ.get("TITAN_EXAMPLE"),
             "autoload": checks["autoload"],
         }
@@ -104,7 +113,10 @@ def test_ray_actors_see_switches_only_through_runtime_env(tmp_path: Path, monkey
         no_autoload = actor.options(
             runtime_env=titan_runtime_env(env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
         ).remote()
-        seen = ray.get([a.state.remote() for a in (driver_only, sent, no_autoload)], timeout=180)
+        seen = ray.get(
+            [driver_only.state.remote(), sent.state.remote(), no_autoload.state.remote(True)],
+            timeout=180,
+        )
     finally:
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
@@ -116,5 +128,6 @@ def test_ray_actors_see_switches_only_through_runtime_env(tmp_path: Path, monkey
     assert sent_state["switch"] == "0" and not sent_state["marked"], sent_state
     # TORCH_DEVICE_BACKEND_AUTOLOAD=0 reaches the actor too: nothing applies, doctor explains why
     assert not no_autoload_state["marked"]
+    assert no_autoload_state["late"] is True  # the --custom-megatron-init-path fallback works
     assert no_autoload_state["autoload"]["status"] == "warn"
     assert "TORCH_DEVICE_BACKEND_AUTOLOAD" in no_autoload_state["autoload"]["detail"]
