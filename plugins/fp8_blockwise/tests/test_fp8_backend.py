@@ -16,7 +16,13 @@ from titan_plugins.settings import SettingError
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch):
-    for var in (knobs.BACKEND, knobs.SCALES, knobs.HIGH_PRECISION, "TITAN_PLUGINS_STRICT"):
+    for var in (
+        knobs.BACKEND,
+        knobs.SCALES,
+        knobs.HIGH_PRECISION,
+        knobs.FORCE,
+        "TITAN_PLUGINS_STRICT",
+    ):
         monkeypatch.delenv(var, raising=False)
     backend.reset()
     yield
@@ -121,3 +127,33 @@ def test_fp8_backend_high_precision_knob(monkeypatch, caplog):
     monkeypatch.setenv("TITAN_PLUGINS_STRICT", "1")
     with pytest.raises(SettingError, match="output_head"):
         knobs.high_precision()
+
+
+def test_fp8_backend_configure_hook_force_and_validation(monkeypatch):
+    from titan_fp8_blockwise import plugin
+
+    _te(False, monkeypatch)
+    cfg = _config(fp8=None, fp8_recipe="delayed")
+    plugin.titan_configure(cfg)  # FORCE off: untouched
+    assert (cfg.fp8, cfg.fp8_recipe) == (None, "delayed")
+    monkeypatch.setenv(knobs.FORCE, "1")
+    cfg = _config(fp8=None, fp8_recipe="delayed")
+    plugin.titan_configure(cfg)
+    assert (cfg.fp8, cfg.fp8_recipe) == ("e4m3", "blockwise")
+    with pytest.raises(ValueError, match="hidden_size = 100"):
+        plugin.titan_configure(_config(fp8=None, hidden_size=100))
+    report = plugin.titan_report()
+    assert report["backend"] == "torch" and report["force"] is True
+
+
+def test_fp8_backend_te_general_gemm_fix():
+    from titan_fp8_blockwise.megatron_patches import _te_general_gemm
+
+    from titan_plugins.patching import MISSING
+
+    assert _te_general_gemm(MISSING) is None  # 0.16.1 without TE: megatron's torch path
+
+    def gemm():
+        return None
+
+    assert _te_general_gemm(gemm) is gemm  # TE present: untouched
