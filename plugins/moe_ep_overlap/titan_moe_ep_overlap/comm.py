@@ -39,6 +39,8 @@ class LinkModel:
 
 
 _link: LinkModel | None = None
+# all-to-alls started by this process and the host time spent waiting for them (benchmarks)
+traffic = {"transfers": 0, "bytes": 0, "wait_s": 0.0}
 
 
 def set_link_model(seconds_per_byte: float = 0.0, latency_s: float = 0.0) -> None:
@@ -53,17 +55,20 @@ def clear_link_model() -> None:
     _link = None
 
 
-class _DelayedWork:
-    """A Work whose ``wait`` also waits until the simulated link delivered the data."""
+class _TimedWork:
+    """A Work that adds the time its ``wait`` blocks to ``traffic["wait_s"]``; with a simulated
+    link it also waits until the link delivered the data (``ready_at``)."""
 
-    def __init__(self, work: Any, ready_at: float) -> None:
+    def __init__(self, work: Any, ready_at: float = 0.0) -> None:
         self._work, self._ready_at = work, ready_at
 
     def wait(self) -> bool:
-        remaining = self._ready_at - time.perf_counter()
-        if remaining > 0:
-            time.sleep(remaining)
-        return self._work.wait()
+        start = time.perf_counter()
+        if self._ready_at > start:
+            time.sleep(self._ready_at - start)
+        done = self._work.wait()
+        traffic["wait_s"] += time.perf_counter() - start
+        return done
 
 
 def _wire(t: torch.Tensor) -> torch.Tensor:
@@ -95,14 +100,15 @@ def all_to_all_rows(
         group=group,
         async_op=True,
     )
-    if _link is not None:
-        row_bytes = inp.element_size() * math.prod(inp.shape[1:])
-        moved = row_bytes * max(sum(in_counts), sum(out_counts))
-        now = time.perf_counter()
-        start = max(now, _link.free_at)
-        _link.free_at = start + moved * _link.seconds_per_byte + _link.latency_s
-        work = _DelayedWork(work, _link.free_at)
-    return out, work
+    row_bytes = inp.element_size() * math.prod(inp.shape[1:])
+    moved = row_bytes * max(sum(in_counts), sum(out_counts))
+    traffic["transfers"] += 1
+    traffic["bytes"] += moved
+    if _link is None:
+        return out, _TimedWork(work)
+    start = max(time.perf_counter(), _link.free_at)
+    _link.free_at = start + moved * _link.seconds_per_byte + _link.latency_s
+    return out, _TimedWork(work, _link.free_at)
 
 
 def all_gather_rows(row: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
@@ -110,5 +116,7 @@ def all_gather_rows(row: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor
     ranks = dist.get_world_size(group)
     out = row.new_empty(ranks * row.numel())  # gloo wants a flat output
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    start = time.perf_counter()
     gather(out, row.contiguous().view(-1), group=group)
+    traffic["wait_s"] += time.perf_counter() - start
     return out.view(ranks, row.numel())
