@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from titan_plugins.plan.cli import plan_from_argv
 from titan_plugins.plan.script import read_launch_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "entrypoints" / "pretrain_kimi_1000B.sh"
@@ -61,6 +62,11 @@ sys.argv = ["pretrain_gpt.py"] + sys.argv[1:]
 args = A.parse_args()
 A.validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
 print("VALID", args.virtual_pipeline_model_parallel_size, args.data_parallel_size)
+from megatron.training.tokenizer import build_tokenizer
+from megatron.training.training import num_floating_point_operations
+build_tokenizer(args)  # sets args.padded_vocab_size the way pretrain does
+print("PADDED_VOCAB", args.padded_vocab_size)
+print("FLOPS", num_floating_point_operations(args, args.global_batch_size))
 """
 
 
@@ -80,3 +86,8 @@ def test_megatron_lm_parses_and_validates_the_flags() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "VALID 2 256" in proc.stdout  # VPP 2 from the layout, DP = 4096 / PP16
+    # plan's vocabulary padding and FLOPs agree with Megatron-LM's own (MFU uses these FLOPs)
+    values = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+    plan = plan_from_argv([str(SCRIPT)], env={})
+    assert int(values["PADDED_VOCAB"]) == plan["model"]["vocab_padded"]
+    assert float(values["FLOPS"]) == pytest.approx(plan["flops_per_step"], rel=1e-9)

@@ -25,7 +25,7 @@ class Entry:
     name: str
     elements: float
     dtype_bytes: float
-    module: str  # attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act, ...
+    module: str  # the part that saves it (attn_norm, core_attn, moe, head, ...): for reports
     linear_input: bool = False
 
     @property
@@ -75,10 +75,10 @@ def _attention(cfg: PlanConfig, t: float, a: int) -> list[Entry]:
     if cfg.mla:
         q_head = cfg.qk_head + cfg.qk_pos
         if cfg.q_lora is not None:
-            out.append(Entry("q_down_output", t * cfg.q_lora, a, "mla_up_proj"))
-            out.append(Entry("q_norm_output", t * cfg.q_lora, a, "mla_up_proj", True))
-        out.append(Entry("kv_down_output", t * (cfg.kv_lora + cfg.qk_pos), a, "mla_up_proj"))
-        out.append(Entry("kv_norm_output", t * cfg.kv_lora, a, "mla_up_proj", True))
+            out.append(Entry("q_down_output", t * cfg.q_lora, a, "mla_norm"))
+            out.append(Entry("q_norm_output", t * cfg.q_lora, a, "mla_norm", True))
+        out.append(Entry("kv_down_output", t * (cfg.kv_lora + cfg.qk_pos), a, "mla_norm"))
+        out.append(Entry("kv_norm_output", t * cfg.kv_lora, a, "mla_norm", True))
         qkv = t * heads * (2 * q_head + cfg.v_head)
         value_dim = cfg.v_head
     else:
@@ -124,7 +124,7 @@ def _mlp_part(cfg: PlanConfig, t: float, a: int, moe: bool) -> list[Entry]:
     routed = t * k  # tokens arriving at this EP rank's experts, balanced routing
     f = cfg.moe_ffn / cfg.etp
     out.append(Entry("expert_fc1_input", routed * cfg.hidden, a, "expert_fc1", True))
-    out.append(Entry("expert_fc1_output", routed * gate * f, a, "moe_act"))
+    out.append(Entry("expert_fc1_output", routed * gate * f, a, "moe"))
     out.append(Entry("expert_fc2_input", routed * f, a, "moe_act", True))
     if cfg.impl == "local":  # unfused: activation output before the routing-prob weighting
         out.append(Entry("expert_act_output", routed * f * (3 if local_glu else 1), a, "moe_act"))
@@ -138,13 +138,32 @@ def _mlp_part(cfg: PlanConfig, t: float, a: int, moe: bool) -> list[Entry]:
     return out
 
 
+# What each --recompute-modules choice stops saving (megatron-core 0.16.1 semantics): the
+# checkpointed region keeps its inputs and drops what it saved inside.
+_ROPE_COPIES = {"q_rotated", "k_rotated", "rope_tables", "kv_expanded", "q_split"}
+RECOMPUTE_DROPS = {
+    "core_attn": {"attention_probs", "softmax_stats", "attention_dropout_mask"},
+    "layernorm": {"attn_norm_output", "attn_norm_stats", "mlp_norm_output", "mlp_norm_stats"},
+    "mla_up_proj": {"q_k_v"} | _ROPE_COPIES,
+    "mlp": {"fc1_output", "fc2_input", "glu_intermediate"},
+    "moe": {
+        "router",
+        "expert_fc1_input",
+        "expert_fc1_output",
+        "expert_fc2_input",
+        "expert_act_output",
+        "expert_probs",
+        "shared_fc1_output",
+        "shared_fc2_input",
+        "shared_glu_intermediate",
+    },
+    "moe_act": {"expert_fc2_input", "expert_act_output"},
+    "shared_experts": {"shared_fc1_output", "shared_fc2_input", "shared_glu_intermediate"},
+}
+
+
 def _recomputed(cfg: PlanConfig, entry: Entry) -> bool:
-    mods = set(cfg.recompute_modules)
-    if entry.module in mods:
-        return True
-    if "mlp" in mods and entry.module in ("mlp", "moe", "expert_fc1", "moe_act", "shared_experts"):
-        return entry.name not in ("mlp_norm_input",)
-    return False
+    return any(entry.name in RECOMPUTE_DROPS.get(m, ()) for m in cfg.recompute_modules)
 
 
 def layer_entries(cfg: PlanConfig, moe: bool) -> list[Entry]:
