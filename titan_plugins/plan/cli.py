@@ -62,14 +62,18 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _split(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """``plan`` options before ``--``, Megatron flags after it."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    return _parser().parse_args(argv[:cut]), argv[cut + 1 :]
+
+
 def plan_from_argv(argv: list[str], env: dict[str, str] | None = None) -> dict:
-    """Parse ``plan`` arguments and return the report dict (raises PlanError on bad input)."""
-    if "--" in argv:
-        cut = argv.index("--")
-        own, extra = argv[:cut], argv[cut + 1 :]
-    else:
-        own, extra = argv, []
-    args = _parser().parse_args(own)
+    """Parse ``plan`` arguments and return the report dict (raises PlanError on bad input).
+
+    ``env`` is the environment the launch script's variables default from (``os.environ``).
+    """
+    args, extra = _split(argv)
     world = args.world_size
     megatron: list[str] = []
     if args.script:
@@ -101,15 +105,12 @@ def plan_from_argv(argv: list[str], env: dict[str, str] | None = None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``titan-plugins plan``; returns the exit status (2 on bad input)."""
-    argv = sys.argv[1:] if argv is None else argv
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        as_json = _split(argv)[0].json
         rep = plan_from_argv(argv)
     except PlanError as exc:
         print(f"titan-plugins plan: error: {exc}", file=sys.stderr)
         return 2
-    print(
-        json.dumps(rep, indent=2)
-        if "--json" in argv[: argv.index("--") if "--" in argv else None]
-        else render_text(rep)
-    )
+    print(json.dumps(rep, indent=2) if as_json else render_text(rep))
     return 0

@@ -152,30 +152,41 @@ def _layers_text(layers: list[list[int]]) -> str:
     return ",".join(parts)
 
 
+def _count(n: float) -> str:
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.2f}{suffix}"
+    return str(int(n))
+
+
 def render_text(rep: dict[str, Any]) -> str:
     """Human-readable plan: a header, one row per pipeline rank, FLOPs/MFU, fit and advice."""
     m, p = rep["model"], rep["parallel"]
+    biggest = max(s["peak_bytes"]["configured"] for s in rep["stages"])
+    unit, scale = ("GiB", GIB) if biggest >= GIB / 8 else ("MiB", 2**20)
     lines = [
-        f"model: {m['params_total'] / 1e9:.2f}B parameters ({m['params_active'] / 1e9:.2f}B "
+        f"model: {_count(m['params_total'])} parameters ({_count(m['params_active'])} "
         f"active), {m['layers']} layers ({m['moe_layers']} MoE), vocab {m['vocab_padded']}",
         f"layout: {p['world']} GPUs = TP{p['tp']} x PP{p['pp']} (VPP{p['vpp']}) x CP{p['cp']} x "
         f"DP{p['dp']}; experts EP{p['ep']} x ETP{p['etp']} x expert-DP{p['expert_dp']}; "
         f"{p['microbatches']} microbatches/step; distributed optimizer "
         f"{'on' if p['distributed_optimizer'] else 'off'}",
-        "memory per GPU (GiB) by pipeline rank; activations = peak of in-flight microbatches",
-        f"{'rank':>4} {'layers':>12} {'params':>8} {'param':>6} {'grad':>6} {'optim':>6} "
+        f"memory per GPU ({unit}) by pipeline rank; act = peak over the schedule of the "
+        f"in-flight units (chunk x microbatch); +fp8 / +offl / +both: with fp8_blockwise "
+        f"storage, act_offload, both",
+        f"{'rank':>4} {'layers':>12} {'params':>8} {'param':>7} {'grad':>7} {'optim':>7} "
         f"{'states':>7} {'act/mb':>7} {'units':>5} {'act':>7} {'+fp8':>7} {'+offl':>7} "
         f"{'+both':>7} {'peak':>7}",
     ]
     for s in rep["stages"]:
         a = s["activation_peak_bytes"]
         lines.append(
-            f"{s['rank']:>4} {_layers_text(s['layers']):>12} {s['params'] / 1e9:>7.2f}B "
-            f"{s['param_bytes'] / GIB:>6.1f} {s['grad_bytes'] / GIB:>6.1f} "
-            f"{s['optimizer_bytes'] / GIB:>6.1f} {s['states_bytes'] / GIB:>7.1f} "
-            f"{s['activation_bytes_per_microbatch'] / GIB:>7.2f} {s['in_flight_units']:>5} "
-            + " ".join(f"{a[v] / GIB:>7.1f}" for v in VARIANTS)
-            + f" {s['peak_bytes']['configured'] / GIB:>7.1f}"
+            f"{s['rank']:>4} {_layers_text(s['layers']):>12} {_count(s['params']):>8} "
+            f"{s['param_bytes'] / scale:>7.1f} {s['grad_bytes'] / scale:>7.1f} "
+            f"{s['optimizer_bytes'] / scale:>7.1f} {s['states_bytes'] / scale:>7.1f} "
+            f"{s['activation_bytes_per_microbatch'] / scale:>7.2f} {s['in_flight_units']:>5} "
+            + " ".join(f"{a[v] / scale:>7.1f}" for v in VARIANTS)
+            + f" {s['peak_bytes']['configured'] / scale:>7.1f}"
         )
     lines.append(f"FLOPs per step: {rep['flops_per_step']:.4g} (model FLOPs, Megatron accounting)")
     if "mfu" in rep:
