@@ -1,4 +1,5 @@
-"""Real path: the tiny MoE GPT trains on CPU through megatron-core's own schedules (gloo workers).
+"""The CPU harness: never on by itself, fixes megatron right after import, and (real path) the
+tiny MoE GPT trains through megatron-core's own schedules in gloo workers.
 
 Data is the same on every rank (``tiny_gpt.fixed_batches``), so every layout is mathematically
 the world-size-1 run; each layout loads the world-size-1 initial weights and is compared with it.
@@ -7,12 +8,16 @@ the world-size-1 run; each layout loads the world-size-1 initial weights and is 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.abc
 import math
+import sys
 
 import pytest
 import torch
 
 from titan_plugins.testing import cpu_harness, tiny_gpt
+from titan_plugins.testing._post_import import when_imported
 
 pytestmark = pytest.mark.multiprocess
 
@@ -47,6 +52,97 @@ def layout_run(
     with keep:
         losses, grad_norms = tiny_gpt.train(chunks, cfg, steps, num_microbatches)
     return losses, grad_norms, tiny_gpt.state_snapshot(chunks)
+
+
+def harness_state() -> dict:
+    """What the harness did to megatron in this worker (megatron imported after install())."""
+    from megatron.core.pipeline_parallel import schedules
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    out = torch.ones(8)
+    with cpu_harness.keeping_sent_buffers():
+        schedules.deallocate_output_tensor(out, deallocate_pipeline_outputs=True)
+        kept_inside = len(cpu_harness._SENT_BUFFERS)
+    out = torch.ones(8)
+    schedules.deallocate_output_tensor(out, deallocate_pipeline_outputs=True)
+    return {
+        "installed": cpu_harness.installed(),
+        "split_sizes_to_list": moe_utils.maybe_move_tensor_to_cpu(
+            torch.tensor([1, 2]), True
+        ).tolist(),
+        "dispatcher_copy_fixed": token_dispatcher.maybe_move_tensor_to_cpu
+        is cpu_harness.maybe_move_tensor_to_cpu,
+        "te_general_gemm": moe_utils.te_general_gemm,
+        "kept_inside": kept_inside,
+        "kept_outside": len(cpu_harness._SENT_BUFFERS),
+        "pseudo_freed": out.numel(),
+        "cuda_alloc_device": str(torch.zeros(2, device="cuda").device),
+        "type_string": torch.zeros(1).type(),
+    }
+
+
+def test_harness_never_activates_by_itself():
+    from titan_plugins.testing._cuda_stubs import DummyStream
+
+    # Imported by this file (and the plugin manager ran in conftest), but never installed here.
+    assert not cpu_harness.installed()
+    assert torch.cuda.Stream is not DummyStream
+    assert torch.cuda.current_device.__module__ == "torch.cuda"
+    assert torch.zeros(1).type() == "torch.FloatTensor"  # no device-rewriting mode is active
+
+
+class _OtherWatcher(importlib.abc.MetaPathFinder):
+    """Like the plugin engine's watcher: asks every other finder, guarded by a busy flag."""
+
+    busy = False
+
+    def find_spec(self, fullname, path=None, target=None):
+        if self.busy:
+            return None
+        self.busy = True
+        try:
+            for finder in sys.meta_path:
+                if finder is not self and hasattr(finder, "find_spec"):
+                    spec = finder.find_spec(fullname, path, target)
+                    if spec is not None:
+                        return spec
+            return None
+        finally:
+            self.busy = False
+
+
+def test_post_import_fixes_run_after_the_module_body(tmp_path, monkeypatch):
+    name = "titan_harness_probe_module"
+    (tmp_path / f"{name}.py").write_text("VALUE = 41\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    when_imported(name, lambda module: seen.append(module.VALUE + 1))
+    other = _OtherWatcher()
+    sys.meta_path.insert(0, other)  # another watcher in front must not recurse or hide ours
+    try:
+        module = importlib.import_module(name)
+        assert seen == [42]  # ran once, after the body executed
+        when_imported(name, lambda module: seen.append(module.VALUE))
+        assert seen == [42, 41]  # already imported: at once
+    finally:
+        sys.meta_path.remove(other)
+        sys.modules.pop(name, None)
+    assert module.VALUE == 41
+
+
+def test_harness_fixes_megatron_in_workers(gloo_pool1):
+    (state,) = gloo_pool1.run(harness_state)
+    assert state == {
+        "installed": True,
+        "split_sizes_to_list": [1, 2],
+        "dispatcher_copy_fixed": True,  # the from-imported copy, fixed right after import
+        "te_general_gemm": None,  # absent in 0.16.1 without TE: NameError in every router
+        "kept_inside": 1,
+        "kept_outside": 0,  # outside keeping_sent_buffers() megatron's own pseudo-free runs
+        "pseudo_freed": 1,
+        "cuda_alloc_device": "cpu",
+        "type_string": "torch.cuda.FloatTensor",
+    }
 
 
 def _merge(snapshots: list[dict]) -> dict:

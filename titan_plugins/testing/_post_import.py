@@ -18,6 +18,22 @@ Callback = Callable[[ModuleType], None]
 
 _LOCK = threading.Lock()
 _PENDING: dict[str, list[Callback]] = {}
+_BUSY = threading.local()
+
+
+def _find_with_others(
+    me: importlib.abc.MetaPathFinder,
+    fullname: str,
+    path: Sequence[str] | None,
+    target: ModuleType | None,
+) -> importlib.machinery.ModuleSpec | None:
+    for finder in sys.meta_path:
+        if finder is me or not hasattr(finder, "find_spec"):
+            continue
+        spec = finder.find_spec(fullname, path, target)
+        if spec is not None:
+            return spec
+    return None
 
 
 class _PostImportFinder(importlib.abc.MetaPathFinder):
@@ -26,15 +42,15 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in _PENDING:
+        # Busy flag: other watchers (the plugin engine's) ask every finder too; without it two
+        # watchers would recurse into each other.
+        if fullname not in _PENDING or getattr(_BUSY, "active", False):
             return None
-        spec = None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
+        _BUSY.active = True
+        try:
+            spec = _find_with_others(self, fullname, path, target)
+        finally:
+            _BUSY.active = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         original_exec = spec.loader.exec_module

@@ -102,6 +102,9 @@ def make_config(**overrides: Any) -> TransformerConfig:
     2 layers (or one per virtual stage when that is more), hidden 64, 4 heads, ffn 128,
     4 experts top-2 with the alltoall dispatcher, fp32, dropout 0, CPU initialisation, no linear
     biases. Parallel sizes come from ``init_parallel``. ``num_moe_experts=None`` gives a dense model.
+    P2P settings stay megatron's defaults on purpose (the harness does not fix upstream bugs): PP=2
+    with VPP and ``batch_p2p_comm=True`` (the default) silently swaps activations and gradients,
+    so interleaved tests without a P2P fix pass ``batch_p2p_comm=False``.
     """
     from megatron.core import parallel_state as ps
     from megatron.core.transformer.transformer_config import TransformerConfig
