@@ -40,10 +40,20 @@ class _Collect(logging.Handler):
 
 
 def _train(parallel: dict, overrides: dict, nmb: int) -> dict[str, Any]:
+    if overrides.get("fine_grained_activation_offloading"):
+        # megatron's offload manager is a process singleton: start each run from scratch (and
+        # leave a fresh one to the next task in these shared workers).
+        from megatron.core.pipeline_parallel.fine_grained_activation_offload import (
+            PipelineOffloadManager,
+        )
+
+        PipelineOffloadManager.reset_instance()
     tiny_gpt.init_parallel(**parallel)
     cfg = tiny_gpt.make_config(**overrides)
     chunks = tiny_gpt.build_model(cfg)
     losses, grad_norms = tiny_gpt.train(chunks, cfg, STEPS, nmb)
+    if overrides.get("fine_grained_activation_offloading"):
+        PipelineOffloadManager.reset_instance()
     return {"losses": losses, "grad_norms": grad_norms, "grads": _grads(chunks)}
 
 

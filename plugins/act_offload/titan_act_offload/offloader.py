@@ -10,6 +10,7 @@ block triggers the reload of the next ``prefetch_blocks`` blocks.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
 from collections import deque
@@ -36,6 +37,7 @@ from titan_act_offload.records import (
 
 logger = logging.getLogger("titan_plugins.act_offload")
 _hooks = torch._C._autograd
+_NULL = contextlib.nullcontext()
 
 
 class Offloader:
@@ -120,8 +122,8 @@ class Offloader:
             return "leaf"  # parameters, inputs, constants, caches: not activations
         if tensor.layout != torch.strided or tensor.device.type != self.device_type:
             return "not_device_strided"
-        if tensor.numel() * tensor.element_size() < self.config.min_bytes:
-            return "small"
+        if tensor.numel() * tensor.element_size() < max(1, self.config.min_bytes):
+            return "small"  # (empty tensors too: e.g. an expert that got no tokens)
         storage = tensor.untyped_storage().data_ptr()
         if storage in self.param_storages:
             return "parameter_view"
@@ -211,11 +213,13 @@ class Offloader:
         if not records:
             return
         platform = self.platform
-        ready = platform.new_event()
-        ready.record(platform.current_stream())
-        ready.wait(self.d2h_stream)  # copy only what compute has finished writing
-        done = platform.new_event() if self.asynchronous else None
-        with platform.stream_context(self.d2h_stream):
+        done = None
+        if self.asynchronous:  # CPU copies are synchronous: no events to order them
+            ready = platform.new_event()
+            ready.record(platform.current_stream())
+            ready.wait(self.d2h_stream)  # copy only what compute has finished writing
+            done = platform.new_event()
+        with self._on(self.d2h_stream):
             for record in records:
                 device = record.device
                 assert device is not None
@@ -254,7 +258,7 @@ class Offloader:
             return  # nothing on host (kept block, or not ended yet): nothing to count
         block.reloaded = True
         block.prefetched = block.prefetched or prefetch
-        with self.platform.stream_context(self.h2d_stream):
+        with self._on(self.h2d_stream):
             for record in records:
                 if record.done_event is not None:
                     record.done_event.wait(self.h2d_stream)
@@ -297,6 +301,9 @@ class Offloader:
         for record in self._in_flight:
             record.done_event.synchronize()
         self.poll()
+
+    def _on(self, stream: Any) -> Any:
+        return self.platform.stream_context(stream) if self.asynchronous else _NULL
 
     def _stamp(self, block: Block) -> None:
         self._pack_count += 1

@@ -1,0 +1,274 @@
+"""Activation offload (plugin ``act_offload``): device-resident activation memory and step time
+against a baseline measured in the same run.
+
+1. ``memory``: tiny MoE GPT through megatron-core's own schedules on gloo workers (PP=2 1F1B,
+   PP=2 VPP=2, PP=4 1F1B; 8 microbatches). Per pipeline stage: microbatch units in flight, the
+   peak of device-resident saved-activation bytes with no offload (plugin dry run), with the
+   plugin, and with megatron's own fine-grained offloading (core_attn, attn_proj, qkv_linear:
+   all it can offload without TransformerEngine), estimated as the no-offload peak minus the
+   bytes megatron's own summary says it offloaded before the first backward.
+2. ``time``: step time on CPU (world size 1, hidden 512, seq 128, every microbatch offloaded,
+   so every saved tensor is memcpy'd out and back), plugin vs plugin off vs megatron's offload.
+   Goal: plugin <= 1.15x of no offload. Rounds alternate the modes; medians are printed.
+3. ``gpu``: a plan-driven 1F1B stage-0 emulation (PP=4, 8 microbatches, bf16 MLP blocks) with
+   and without the offloader on CUDA: step time (goal <= 1.05x: copies hidden behind compute)
+   and torch.cuda.max_memory_allocated. Needs CUDA; ``--gpu-smoke`` runs it tiny on CPU.
+
+Usage: python benchmarks/act_offload.py [--section memory|time|gpu|all] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+from typing import Any
+
+OFFLOAD_ENV = {"TITAN_ACT_OFFLOAD_MIN_BYTES": "0"}
+MEGATRON_MODULES = ["core_attn", "attn_proj", "qkv_linear"]
+
+
+# ----- 1. memory (runs in gloo workers) ------------------------------------------------------
+def memory_task(parallel: dict, nmb: int) -> dict[str, Any]:
+    """One rank: peak saved-activation bytes with no offload, the plugin, megatron's offload."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel.fine_grained_activation_offload import (
+        PipelineOffloadManager,
+    )
+    from titan_act_offload import runtime
+
+    from titan_plugins.testing import plugin_active, tiny_gpt
+
+    row: dict[str, Any] = {}
+    for mode, env in (("none", {"TITAN_ACT_OFFLOAD_DRY_RUN": "1"}), ("plugin", {})):
+        tiny_gpt.init_parallel(**parallel)
+        cfg = tiny_gpt.make_config(num_layers=4 * parallel.get("vpp", 1))
+        with plugin_active("act_offload", {**OFFLOAD_ENV, **env}):
+            tiny_gpt.train(tiny_gpt.build_model(cfg), cfg, 1, nmb)
+            rt = runtime.current()
+            row[mode] = rt.stats.peak_resident
+            row["in_flight"] = rt.last_plan.in_flight_peak()
+    tiny_gpt.init_parallel(**parallel)
+    PipelineOffloadManager.reset_instance()
+    cfg = tiny_gpt.make_config(
+        num_layers=4 * parallel.get("vpp", 1),
+        fine_grained_activation_offloading=True,
+        offload_modules=MEGATRON_MODULES,
+        min_offloaded_tensor_size=1,
+    )
+    # Two steps: megatron measures during its first (warmup) step and offloads from the second.
+    tiny_gpt.train(tiny_gpt.build_model(cfg), cfg, 2, nmb)
+    row["megatron"] = (
+        row["none"] - PipelineOffloadManager.get_instance().offload_summary_total_bytes
+    )
+    row["stage"] = ps.get_pipeline_model_parallel_rank()
+    return row
+
+
+def memory_section() -> None:
+    from titan_plugins.testing.workers import GlooWorkerPool
+
+    layouts = [("PP=2 1F1B", {"pp": 2}, 2), ("PP=2 VPP=2", {"pp": 2, "vpp": 2}, 2)]
+    layouts.append(("PP=4 1F1B", {"pp": 4}, 4))
+    print("\n[memory] peak device-resident saved-activation bytes per stage (8 microbatches)")
+    print(
+        f"{'layout':12} {'stage':>5} {'in-flight':>9} {'none KiB':>9} {'plugin':>14} {'megatron':>14}"
+    )
+    for name, parallel, world in layouts:
+        with GlooWorkerPool(world) as pool:
+            rows = pool.run(memory_task, parallel, 8, timeout=900)
+        seen = set()
+        for row in sorted(rows, key=lambda r: r["stage"]):
+            if row["stage"] in seen:
+                continue
+            seen.add(row["stage"])
+            none = row["none"]
+            print(
+                f"{name:12} {row['stage']:>5} {row['in_flight']:>9} {none / 1024:>9.1f} "
+                f"{row['plugin'] / 1024:>8.1f} {row['plugin'] / none:>4.2f}x "
+                f"{row['megatron'] / 1024:>8.1f} {row['megatron'] / none:>4.2f}x"
+            )
+
+
+# ----- 2. CPU step time (world size 1 worker) -------------------------------------------------
+def time_task(rounds: int, steps: int, nmb: int) -> dict[str, list[float]]:
+    """Median-ready step times (s) per mode, modes alternating round by round."""
+    from megatron.core.pipeline_parallel.fine_grained_activation_offload import (
+        PipelineOffloadManager,
+    )
+
+    from titan_plugins.testing import plugin_active, tiny_gpt
+
+    tiny_gpt.SEQ = 128  # bigger tokens per microbatch so compute, not Python, dominates
+    tiny_gpt.init_parallel()
+    size = dict(hidden_size=512, ffn_hidden_size=2048, num_attention_heads=8, num_layers=2)
+    cfg = tiny_gpt.make_config(**size)
+    model = tiny_gpt.build_model(cfg)
+    opt = tiny_gpt.make_optimizer(model, cfg)
+    PipelineOffloadManager.reset_instance()
+    mcfg = tiny_gpt.make_config(
+        **size,
+        fine_grained_activation_offloading=True,
+        offload_modules=MEGATRON_MODULES,
+        min_offloaded_tensor_size=1,
+    )
+    mmodel = tiny_gpt.build_model(mcfg)
+    mopt = tiny_gpt.make_optimizer(mmodel, mcfg)
+    tiny_gpt.train(mmodel, mcfg, 1, nmb, optimizer=mopt)  # megatron's warmup step
+    times: dict[str, list[float]] = {"off": [], "plugin": [], "megatron": []}
+    env = {**OFFLOAD_ENV, "TITAN_ACT_OFFLOAD_MIN_GAP": "0"}
+
+    def timed(key: str, chunks: list, config: Any, optimizer: Any, context: Any) -> None:
+        with context:
+            start = time.perf_counter()
+            tiny_gpt.train(chunks, config, 1, nmb, optimizer=optimizer)
+            times[key].append(time.perf_counter() - start)
+
+    # One step per mode per round: the shared machine's load drifts hit all modes alike.
+    for round_index in range(rounds * steps + 1):
+        timed("off", model, cfg, opt, contextlib.nullcontext())
+        timed("plugin", model, cfg, opt, plugin_active("act_offload", env))
+        timed("megatron", mmodel, mcfg, mopt, contextlib.nullcontext())
+        if round_index == 0:  # warm-up round
+            for values in times.values():
+                values.clear()
+    return times
+
+
+def time_section(rounds: int) -> None:
+    from titan_plugins.testing.workers import GlooWorkerPool
+
+    with GlooWorkerPool(1) as pool:
+        (times,) = pool.run(time_task, rounds, 3, 4, timeout=1800)
+    base, base_min = statistics.median(times["off"]), min(times["off"])
+    count = len(times["off"])
+    print(f"\n[time] CPU step time, world size 1, 4 microbatches ({count} alternating steps)")
+    for key in ("off", "plugin", "megatron"):
+        med, low = statistics.median(times[key]), min(times[key])
+        print(
+            f"  {key:9} median {med * 1000:8.1f} ms {med / base:6.3f}x   "
+            f"min {low * 1000:8.1f} ms {low / base_min:6.3f}x"
+        )
+    print("  goal: plugin <= 1.15x")
+
+
+# ----- 3. GPU copy/compute overlap (plan-driven emulation) ------------------------------------
+def emulate_stage(
+    offload: bool, device: str, hidden: int, tokens: int, layers: int, steps: int
+) -> tuple[float, int]:
+    """1F1B stage 0 of PP=4 with 8 microbatches on MLP blocks; median step s, peak bytes."""
+    import torch
+    from titan_act_offload.config import OffloadConfig
+    from titan_act_offload.offloader import Offloader
+    from titan_act_offload.plan import ONE_F_ONE_B, build_plan, schedule_events
+
+    from titan_plugins import platform
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    blocks = [
+        torch.nn.Sequential(
+            torch.nn.Linear(hidden, 4 * hidden),
+            torch.nn.GELU(),
+            torch.nn.Linear(4 * hidden, hidden),
+        ).to(device=device, dtype=dtype)
+        for _ in range(layers)
+    ]
+    params = [p for b in blocks for p in b.parameters()]
+    plan = build_plan(schedule_events(ONE_F_ONE_B, 4, 0, 8), min_gap=1)
+    min_bytes = 1 << 16 if device == "cuda" else 0
+    off = Offloader(OffloadConfig(min_bytes=min_bytes), platform) if offload else None
+    if off is not None:
+        off.param_storages = frozenset(p.untyped_storage().data_ptr() for p in params)
+    x = torch.randn(tokens, hidden, device=device, dtype=dtype, requires_grad=True)
+
+    def one_step() -> None:
+        live: dict[Any, Any] = {}
+        for index, event in enumerate(plan.events):
+            if off is not None:
+                for unit in plan.prefetch_at.get(index, ()):
+                    off.prefetch_unit(live[unit][1])
+                off.poll()
+            if event.kind == "F":
+                state = (
+                    off.begin_unit(event.unit, event.unit in plan.offload, frozenset())
+                    if off
+                    else None
+                )
+                h = x * 1.0  # the stage input (a non-leaf, like a received activation)
+                for block in blocks:
+                    entered = off.enter_block("mlp") if off else None
+                    try:
+                        h = block(h)
+                    finally:
+                        if entered is not None:
+                            off.exit_block(entered)
+                if off is not None:
+                    off.end_unit_forward(state)
+                live[event.unit] = (h.float().square().mean(), state)
+            else:
+                live.pop(event.unit)[0].backward()
+        if off is not None:
+            off.synchronize()
+
+    one_step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        one_step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    peak = (
+        torch.cuda.max_memory_allocated()
+        if device == "cuda"
+        else (off.stats.peak_resident if off else 0)
+    )
+    return statistics.median(times), peak
+
+
+def gpu_section(smoke: bool) -> None:
+    import torch
+
+    if not torch.cuda.is_available() and not smoke:
+        print("\n[gpu] skipped: no CUDA device (run on a GPU machine, or --gpu-smoke on CPU)")
+        return
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    hidden, tokens, layers, steps = (4096, 8192, 4, 10) if device == "cuda" else (64, 32, 2, 2)
+    base_t, base_mem = emulate_stage(False, device, hidden, tokens, layers, steps)
+    off_t, off_mem = emulate_stage(True, device, hidden, tokens, layers, steps)
+    print(
+        f"\n[gpu] plan-driven 1F1B stage 0 (PP=4, 8 mb) on {device}: hidden {hidden}, tokens {tokens}"
+    )
+    print(
+        f"  step time: none {base_t * 1000:.1f} ms, offload {off_t * 1000:.1f} ms, {off_t / base_t:.3f}x (goal <= 1.05x)"
+    )
+    if device == "cuda":
+        print(
+            f"  max allocated: none {base_mem / 2**30:.2f} GiB, offload {off_mem / 2**30:.2f} GiB, {off_mem / base_mem:.2f}x"
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--section", choices=("memory", "time", "gpu", "all"), default="all")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds for [time]")
+    parser.add_argument("--gpu-smoke", action="store_true", help="run [gpu] tiny on CPU")
+    args = parser.parse_args(argv)
+    if args.section in ("memory", "all"):
+        memory_section()
+    if args.section in ("time", "all"):
+        time_section(args.rounds)
+    if args.section in ("gpu", "all"):
+        gpu_section(args.gpu_smoke)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
