@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(not MOONCAKE.available, reason=MOONCAKE.detail)
 TIMEOUT_S = 3.0
 
 
-def mismatch_task(recv_shape: list[int], recv_dtype: str) -> str:
+def mismatch_task(recv_shape: list[int], recv_dtype: str, buffers: str) -> str:
     """Rank 0 sends a (4, 2, 16) float32 activation; rank 1 expects ``recv_shape``/``recv_dtype``."""
     import torch
     from megatron.core import parallel_state as ps
@@ -48,7 +48,11 @@ def mismatch_task(recv_shape: list[int], recv_dtype: str) -> str:
         virtual_pipeline_model_parallel_size=None,
         timers=None,
     )
-    env = {"TITAN_PP_RDMA_BACKEND": "mooncake", "TITAN_PP_RDMA_TIMEOUT_S": "20"}
+    env = {
+        "TITAN_PP_RDMA_BACKEND": "mooncake",
+        "TITAN_PP_RDMA_TIMEOUT_S": "20",
+        "TITAN_PP_RDMA_BUFFERS": buffers,
+    }
     try:
         with environ(env):
             comm = build_communicator_class(P2PCommunicator)(
@@ -66,6 +70,7 @@ def mismatch_task(recv_shape: list[int], recv_dtype: str) -> str:
     return "no error"
 
 
+@pytest.mark.parametrize("buffers", ["direct", "ring"])
 @pytest.mark.parametrize(
     ("shape", "dtype", "expected"),
     [
@@ -73,13 +78,19 @@ def mismatch_task(recv_shape: list[int], recv_dtype: str) -> str:
         ([4, 2, 16], "bfloat16", "shape (4, 2, 16) dtype torch.bfloat16"),
     ],
 )
-def test_mismatch_names_both_sides(gloo_pool2: Any, shape: list, dtype: str, expected: str) -> None:
-    sender, receiver = gloo_pool2.run(mismatch_task, shape, dtype, timeout=120)
+def test_mismatch_names_both_sides(
+    gloo_pool2: Any, shape: list, dtype: str, expected: str, buffers: str
+) -> None:
+    errors = gloo_pool2.run(mismatch_task, shape, dtype, buffers, timeout=120)
     sent = "shape (4, 2, 16) dtype torch.float32"
-    assert receiver.startswith("PPRdmaMismatch"), receiver
-    assert expected in receiver and sent in receiver and "rank 0" in receiver, receiver
-    # The sender hears of it through the transport instead of waiting for its gradient forever.
-    assert sender.startswith("PPRdmaError") and sent in sender, sender
+    # direct buffers: the sender sees the receiver's posted shape first; ring buffers: the
+    # receiver sees the sender's. Either way one side raises the mismatch and the other hears
+    # of it through the transport instead of waiting forever.
+    detector = 0 if buffers == "direct" else 1
+    assert errors[detector].startswith("PPRdmaMismatch"), errors
+    assert errors[1 - detector].startswith("PPRdmaError"), errors
+    for error in errors:
+        assert expected in error and sent in error and "rank 0" in error, error
 
 
 # ----------------------------------------------------------------- separate process pair

@@ -19,6 +19,7 @@ MOONCAKE = probe_mooncake()
 needs_mooncake = pytest.mark.skipif(not MOONCAKE.available, reason=MOONCAKE.detail)
 TORCH_ENV = {"TITAN_PP_RDMA_BACKEND": "torch"}
 MOONCAKE_ENV = {"TITAN_PP_RDMA_BACKEND": "mooncake", "TITAN_PP_RDMA_TIMEOUT_S": "60"}
+RING_ENV = {**MOONCAKE_ENV, "TITAN_PP_RDMA_BUFFERS": "ring"}  # the RDMA default, over TCP here
 
 
 def train_task(pp: int, vpp: int | None, env: dict | None, **config: Any) -> dict:
@@ -115,6 +116,9 @@ def test_pp2_vpp2_mooncake_fixes_batched_order_and_overlap_free(gloo_pool2: Any)
     assert_identical(
         _run(gloo_pool2, 2, 2, MOONCAKE_ENV, REFERENCE), ref, "VPP unbatched, Mooncake"
     )
+    ring = _run(gloo_pool2, 2, 2, RING_ENV, OVERLAP)
+    assert "ring buffers" in ring[0]["report"]["why"]
+    assert_identical(ring, ref, "VPP overlap, Mooncake ring buffers")
 
 
 def test_pp2_vpp2_torch_fallback_fixes_both_hazards(gloo_pool2: Any) -> None:

@@ -120,6 +120,11 @@ class MooncakeEngine:
         self._registered[addr] = nbytes
         return buf
 
+    def unregister(self, buf: torch.Tensor) -> None:
+        """Undo :meth:`register` (the memory may be freed afterwards)."""
+        if self._registered.pop(buf.data_ptr(), None) is not None:
+            self._te.unregister_memory(buf.data_ptr())
+
     def submit_write(self, peer: str, local_addr: int, remote_addr: int, nbytes: int) -> int:
         """Start a one-sided write; returns the batch id to poll with :meth:`status`."""
         bid = self._te.transfer_submit_write(peer, local_addr, remote_addr, nbytes)

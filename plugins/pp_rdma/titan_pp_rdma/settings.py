@@ -9,6 +9,7 @@ from titan_plugins.settings import Setting, env_choice, env_float, env_int
 
 BACKENDS = ("auto", "mooncake", "torch")
 PROTOCOLS = ("auto", "rdma", "tcp")
+BUFFERS = ("auto", "ring", "direct")
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class PPRdmaSettings:
     host: str = ""
     timeout_s: float = 300.0
     slots: int = 4
+    buffers: str = "auto"
 
     @classmethod
     def from_env(cls) -> PPRdmaSettings:
@@ -34,6 +36,7 @@ class PPRdmaSettings:
             host=os.environ.get("TITAN_PP_RDMA_HOST", "").strip(),
             timeout_s=env_float("TITAN_PP_RDMA_TIMEOUT_S", 300.0, minimum=0.1),
             slots=env_int("TITAN_PP_RDMA_SLOTS", 4, minimum=1),
+            buffers=env_choice("TITAN_PP_RDMA_BUFFERS", BUFFERS, "auto"),
         )
 
 
@@ -72,6 +75,14 @@ def declared() -> list[Setting]:
             var="TITAN_PP_RDMA_TIMEOUT_S",
             default="300",
             doc="seconds before a missing peer / transfer raises instead of waiting",
+        ),
+        Setting(
+            var="TITAN_PP_RDMA_BUFFERS",
+            default="auto",
+            doc="ring: registered slot rings per (peer, shape, dtype), copied in/out (RDMA "
+            "default); direct: write straight into the registered receive tensor, no copy (TCP "
+            "default)",
+            choices=BUFFERS,
         ),
         Setting(
             var="TITAN_PP_RDMA_SLOTS",
