@@ -19,7 +19,9 @@ STEPS, LR = 100, 3e-4
 pytestmark = pytest.mark.multiprocess
 
 
-def _train_task(env, fp8: bool, steps: int, ep: int = 1, lr: float = LR) -> dict:
+def _train_task(
+    env, fp8: bool, steps: int, ep: int = 1, lr: float = LR, extra: dict | None = None
+) -> dict:
     """Worker task: build the tiny MoE GPT (FP8 flags if ``fp8``), train, report."""
     from titan_plugins.testing import tiny_gpt
     from titan_plugins.testing.activation import plugin_active
@@ -31,7 +33,7 @@ def _train_task(env, fp8: bool, steps: int, ep: int = 1, lr: float = LR) -> dict
 
         region.CALLS.clear()
         flags = {"fp8": "e4m3", "fp8_recipe": "blockwise"} if fp8 else {}
-        cfg = tiny_gpt.make_config(**flags)
+        cfg = tiny_gpt.make_config(**flags, **(extra or {}))
         chunks = tiny_gpt.build_model(cfg)
         losses, norms = tiny_gpt.train(chunks, cfg, steps, num_microbatches=1, lr=lr)
         return {
@@ -39,8 +41,16 @@ def _train_task(env, fp8: bool, steps: int, ep: int = 1, lr: float = LR) -> dict
             "norms": norms,
             "calls": dict(region.CALLS),
             "fp8": (cfg.fp8, str(getattr(cfg.fp8_recipe, "value", cfg.fp8_recipe))),
+            "plan_context_patched": _plan_context_patched(),
             "failed": [p.id for p in engine.patches() if p.status == "failed"] if engine else [],
         }
+
+
+def _plan_context_patched() -> bool:
+    """Is the EP-overlap schedule plan's from-imported get_fp8_context the plugin's?"""
+    from megatron.core.models.common import model_chunk_schedule_plan as plan
+
+    return hasattr(plan.get_fp8_context, "__wrapped__")
 
 
 def _build_task(env, overrides: dict) -> str:
@@ -94,6 +104,20 @@ def test_fp8_megatron_ep2_trains_within_loss_gap(gloo_pool2):
     assert 0 < sum(gaps) / len(gaps) <= 0.005
     assert max(gaps) <= 0.015
     assert run[0]["norms"] == run[1]["norms"]  # both ranks agree on the global grad norm
+
+
+def test_fp8_megatron_ep2_bf16_a2a_overlap_path(gloo_pool2):
+    # bf16 model, combined-1F1B EP A2A overlap: layers run from the schedule plan, whose
+    # get_fp8_context copy must open the FP8 regions too.
+    import torch
+
+    extra = {"bf16": True, "params_dtype": torch.bfloat16, "overlap_moe_expert_parallel_comm": True}
+    ref = gloo_pool2.run(_train_task, None, False, 3, 2, LR, extra)[0]
+    run = gloo_pool2.run(_train_task, {}, True, 3, 2, LR, extra)[0]
+    assert run["plan_context_patched"] and run["failed"] == []
+    assert run["calls"]["ColumnParallelLinear"] == 2 * 3
+    gaps = _gaps(run["losses"], ref["losses"])
+    assert 0 < max(gaps) <= 0.015
 
 
 def test_fp8_megatron_plugin_without_fp8_flags_is_bit_identical(gloo_pool1, reference_ws1):
