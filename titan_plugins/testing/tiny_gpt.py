@@ -17,7 +17,6 @@ megatron is imported lazily (inside functions), so importing this module is chea
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,6 +26,7 @@ from titan_plugins.testing.model_state import (
     load_global_state_dict,
     state_snapshot,
 )
+from titan_plugins.testing.tiny_data import MBS, SEQ, VOCAB, fixed_batches, forward_step
 
 if TYPE_CHECKING:
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -48,12 +48,7 @@ __all__ = [
     "wrap_ddp",
 ]
 
-VOCAB = 128  # vocabulary size
-SEQ = 16  # sequence length
-MBS = 2  # micro-batch size
 PARALLEL_SEED = 1234  # seed given to model_parallel_cuda_manual_seed: fixes the initial weights
-
-Batch = dict[str, torch.Tensor]
 
 
 def init_parallel(tp: int = 1, pp: int = 1, ep: int = 1, vpp: int | None = None) -> None:
@@ -190,51 +185,6 @@ def wrap_ddp(chunks: list, cfg: TransformerConfig) -> list:
             DistributedDataParallel(cfg, ddp_config, module, disable_bucketing=index > 0)
         )
     return wrapped
-
-
-def fixed_batches(num_microbatches: int, seed: int = 0) -> list[Batch]:
-    """``num_microbatches`` deterministic microbatches of random tokens (same on every rank).
-
-    Each is a dict with ``tokens``, ``labels`` (tokens shifted by one), ``position_ids`` and
-    ``loss_mask``, all of shape ``[MBS, SEQ]``.
-    """
-    generator = torch.Generator().manual_seed(seed)
-    batches = []
-    for _ in range(num_microbatches):
-        ids = torch.randint(0, VOCAB, (MBS, SEQ + 1), generator=generator)
-        batches.append(
-            {
-                "tokens": ids[:, :-1].contiguous(),
-                "labels": ids[:, 1:].contiguous(),
-                "position_ids": torch.arange(SEQ).unsqueeze(0).expand(MBS, -1).contiguous(),
-                "loss_mask": torch.ones(MBS, SEQ),
-            }
-        )
-    return batches
-
-
-def forward_step(
-    data_iterator: Iterator[Batch], model: Any, return_schedule_plan: bool = False
-) -> tuple[Any, Any]:
-    """megatron ``forward_step_func``: next microbatch through ``model``; loss summed over tokens.
-
-    The loss function returns ``(loss_sum, num_tokens, {"lm loss": [loss_sum, num_tokens]})``, so
-    the schedules average per token. ``return_schedule_plan=True`` is the EP-overlap (combined
-    1F1B) path: it returns ``model.build_schedule_plan(...)`` instead of running the forward.
-    """
-    batch = next(data_iterator)
-
-    def loss_func(output_tensor: torch.Tensor) -> tuple:
-        mask = batch["loss_mask"].view(-1).float()
-        loss = torch.sum(output_tensor.view(-1).float() * mask)
-        num_tokens = mask.sum().to(torch.int)
-        report = torch.stack([loss.detach().clone(), num_tokens.float()])
-        return loss, num_tokens, {"lm loss": report}
-
-    args = (batch["tokens"], batch["position_ids"], None)
-    if return_schedule_plan:
-        return model.build_schedule_plan(*args, labels=batch["labels"]), loss_func
-    return model(*args, labels=batch["labels"]), loss_func
 
 
 def make_optimizer(chunks: list, cfg: TransformerConfig, lr: float = 1e-3) -> Any:
