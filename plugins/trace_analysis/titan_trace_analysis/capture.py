@@ -177,10 +177,14 @@ def wrap_schedule(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def forward_backward(*args: Any, **kwargs: Any) -> Any:
         if not kwargs.get("forward_only", False):
+            from titan_plugins.settings import SettingError
+
             try:
                 cap = current()
                 if cap is not None:
                     cap.on_call()
+            except SettingError:
+                raise  # TITAN_PLUGINS_STRICT=1 asked for bad settings to stop the run
             except Exception as exc:  # never break training because tracing failed
                 log.warning("trace_analysis: capture disabled after error: %s", exc)
                 global _CURRENT

@@ -29,7 +29,8 @@ def coordinates(header: dict[str, Any]) -> tuple[int | None, int | None, dict[st
     """Return (rank, world_size, coords, problems) from a trace header.
 
     coords has ``pp``/``pp_size``, ``ep``/``ep_size``/``ep_group`` (lowest rank of the expert
-    group), ``dp``/``dp_size`` where known; problems lists what was missing.
+    group), ``dp``/``dp_size`` where known (a rank without a pipeline group is stage 0, as in a
+    job without pipeline parallelism); problems lists what was missing.
     """
     problems: list[str] = []
     info = header.get("distributedInfo") or {}
@@ -58,9 +59,4 @@ def coordinates(header: dict[str, Any]) -> tuple[int | None, int | None, dict[st
         coords[role + "_size"] = len(ranks)
         if role == "ep":
             coords["ep_group"] = min(ranks)
-    if "pp" not in coords and rank is not None:
-        problems.append(
-            "no pipeline coordinates (no titan_parallel metadata, no pipeline group in "
-            "distributedInfo.pg_config): treated as stage 0; capture with titan-trace-analysis"
-        )
     return rank, world, coords, problems

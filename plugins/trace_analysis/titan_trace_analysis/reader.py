@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover - exercised only where orjson is absent
     _loads = json.loads
     _JSONError = (ValueError,)
 
-SEP = re.compile(rb"\}\s*,\s*\{")
+SEP = re.compile(rb"(\}\s*,\s*\{)")  # captured: a rejoin restores the exact text
 CAT = re.compile(rb'"cat"\s*:\s*"([^"]*)"')
 ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[\s*')
 ARRAY_END = re.compile(rb"\}\s*\]")
@@ -66,7 +66,7 @@ class TraceReader:
     def __init__(self, path: str) -> None:
         self.path = path
         self.header: dict[str, Any] = {}
-        self.n_events = 0
+        self.n_events = 0  # pieces seen: an unparsed event with "}, {" inside counts twice
         self.bad_events = 0
 
     def events(self) -> Iterator[dict[str, Any]]:
@@ -108,14 +108,15 @@ class TraceReader:
                     buf = buf[1:]
                     in_array = True
                 if chunk:
-                    pieces = SEP.split(buf)
-                    buf = pieces.pop()
-                    yield from self._parse(pieces)
+                    parts = SEP.split(buf)  # piece, separator, piece, ..., remainder
+                    buf = parts.pop()
+                    yield from self._parse(parts)
                 else:
                     yield from self._finish(buf)
                     return
 
-    def _parse(self, pieces: list[bytes]) -> Iterator[dict[str, Any]]:
+    def _parse(self, parts: list[bytes]) -> Iterator[dict[str, Any]]:
+        pieces, seps = parts[0::2], parts[1::2]
         self.n_events += len(pieces)
         i, n = 0, len(pieces)
         while i < n:
@@ -126,7 +127,7 @@ class TraceReader:
                 except _JSONError:
                     # join forward until it parses: the cut was inside a string or nested list
                     for j in range(i + 1, min(n, i + 16)):
-                        p = p + b"},{" + pieces[j]
+                        p = p + seps[j - 1] + pieces[j]
                         try:
                             ev = _loads(b"{" + p + b"}")
                         except _JSONError:

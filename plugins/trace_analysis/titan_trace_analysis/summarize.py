@@ -116,6 +116,7 @@ def _summarize(path: str, timeline_dir: str | None, out: dict[str, Any]) -> None
         out["problems"].append(f"{reader.bad_events} events could not be parsed and were skipped")
     out["temporal"] = _temporal(gpu)
     if not gpu:
+        out["status"] = "partial"
         out["problems"].append("no GPU events (CPU-only trace): GPU analyses skipped")
     if not steps:
         out["status"] = "partial"
