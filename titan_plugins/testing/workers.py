@@ -215,11 +215,19 @@ class GlooWorkerPool:
         ref = _function_ref(fn)
         request = pickle.dumps(("run", ref, args, kwargs))  # fails here, before any rank starts
         with self._lock:
+            if not all(proc.is_alive() for proc in self._procs):
+                self._teardown()  # a worker died while idle: rebuild the whole world
             self.start()
             self._await_ready()
-            for conn in self._conns:
-                conn.send_bytes(request)
-            replies = self._collect(timeout, f"task {ref[1]} from {ref[2] or ref[0]}")
+            try:
+                for conn in self._conns:
+                    conn.send_bytes(request)
+                replies = self._collect(timeout, f"task {ref[1]} from {ref[2] or ref[0]}")
+            except BaseException:
+                # Interrupted (Ctrl-C) or a broken pipe: workers may still be busy with this task
+                # and would answer the next one with its replies. Start afresh next time.
+                self._teardown()
+                raise
         failed = [rank for rank, reply in enumerate(replies) if reply[0] == "error"]
         if failed:
             _, exc_bytes, tb_text, summary = replies[failed[0]]
