@@ -120,6 +120,23 @@ def test_fp8_megatron_ep2_bf16_a2a_overlap_path(gloo_pool2):
     assert 0 < max(gaps) <= 0.015
 
 
+def test_fp8_megatron_swiglu_input_stored_in_blockwise_fp8(gloo_pool1):
+    # DeepSeek-style experts: SwiGLU with megatron's activation_func_fp8_input_store.
+    import torch.nn.functional as F
+
+    extra = {
+        "gated_linear_unit": True,
+        "activation_func": F.silu,
+        "bias_activation_fusion": True,
+        "activation_func_fp8_input_store": True,
+    }
+    ref = gloo_pool1.run(_train_task, None, False, 5, 1, LR, extra)[0]
+    run = gloo_pool1.run(_train_task, {}, True, 5, 1, LR, extra)[0]
+    assert run["calls"]["swiglu_store"] == 8 * 5  # 4 experts x 2 layers, every step
+    gaps = _gaps(run["losses"], ref["losses"])
+    assert 0 < max(gaps) <= 0.015
+
+
 def test_fp8_megatron_plugin_without_fp8_flags_is_bit_identical(gloo_pool1, reference_ws1):
     run = gloo_pool1.run(_train_task, {}, False, 5)[0]
     assert run["calls"] == {}

@@ -12,6 +12,7 @@ from typing import Any
 
 from titan_fp8_blockwise import backend, knobs, region, weight_cache
 from titan_fp8_blockwise.linear import fp8_linear
+from titan_fp8_blockwise.swiglu_store import stored_swiglu
 from titan_plugins.patching import MISSING, Patch
 
 MCORE = ("megatron-core>=0.16,<0.17",)
@@ -94,6 +95,34 @@ def _wrap_router_gating(original: Callable[..., Any]) -> Callable[..., Any]:
         return fp8_linear(inp, weight, bias, recipe).to(router_dtype)
 
     return router_gating_linear
+
+
+def _wrap_bias_swiglu(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def bias_swiglu_impl(
+        input: Any, bias: Any, fp8_input_store: bool = False, cpu_offload_input: bool = False
+    ) -> Any:
+        recipe = region.current()
+        if not fp8_input_store or recipe is None or cpu_offload_input:
+            return original(input, bias, fp8_input_store, cpu_offload_input)
+        region.count("swiglu_store")
+        return stored_swiglu(input, bias, None, recipe)
+
+    return bias_swiglu_impl
+
+
+def _wrap_weighted_swiglu(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def weighted_bias_swiglu_impl(
+        input: Any, bias: Any, weights: Any, fp8_input_store: bool = False
+    ) -> Any:
+        recipe = region.current()
+        if not fp8_input_store or recipe is None or bias is not None:
+            return original(input, bias, weights, fp8_input_store)
+        region.count("swiglu_store")
+        return stored_swiglu(input, None, weights, recipe)
+
+    return weighted_bias_swiglu_impl
 
 
 def _wrap_schedule(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -205,6 +234,23 @@ def patches() -> list[Patch]:
                 upstream=f"megatron/core/tensor_parallel/layers.py {cls}._forward_impl "
                 "-> linear_with_grad_accumulation_and_async_allreduce",
                 remove_when="megatron-core exposes a non-TE quantization backend hook",
+            )
+        )
+    for name, factory in (
+        ("bias_swiglu_impl", _wrap_bias_swiglu),
+        ("weighted_bias_swiglu_impl", _wrap_weighted_swiglu),
+    ):
+        records.append(
+            Patch(
+                id=f"fp8_blockwise.{name}",
+                target=f"megatron.core.transformer.mlp:{name}",
+                replace=factory,
+                requires=MCORE,
+                rationale="With activation_func_fp8_input_store, keeps the SwiGLU input in "
+                "blockwise-scaled FP8 inside FP8 regions (DeepSeek-V3) instead of megatron's "
+                "unscaled, saturating E4M3 cast.",
+                upstream="megatron/core/fusions/fused_bias_swiglu.py (used by transformer/mlp.py)",
+                remove_when="megatron-core stores activation inputs with block scales",
             )
         )
     for name in SCHEDULE_FUNCS:
