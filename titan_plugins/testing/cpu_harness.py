@@ -6,7 +6,9 @@ be switched off again in that process. No megatron file is edited; everything is
 
 - ``torch.cuda`` streams/events/nvtx/synchronize -> no-ops; ``current_device()`` -> cpu; the CUDA
   RNG -> the CPU default generator (``_cuda_stubs``)
-- a process-wide TorchFunctionMode rewriting ``device="cuda"`` etc. to cpu (``_cuda_to_cpu``)
+- a TorchFunctionMode rewriting ``device="cuda"`` etc. to cpu (``_cuda_to_cpu``), entered for
+  good in the thread that calls ``install()``. torch keeps modes per thread: megatron code run in
+  another thread needs ``with CudaToCpuMode():`` there (megatron's own train path is single-thread)
 - megatron fixes, applied right after each module executes (or at once if already imported):
   ``tensor_parallel.random`` CUDA RNG state helpers, ``moe_utils.te_general_gemm`` (0.16.1 bug
   without Transformer Engine), ``maybe_move_tensor_to_cpu`` (EP split sizes), and TE's
@@ -34,6 +36,14 @@ import torch
 from titan_plugins.testing._cuda_stubs import patch_torch_cuda
 from titan_plugins.testing._cuda_to_cpu import CudaToCpuMode
 from titan_plugins.testing._post_import import when_imported
+
+__all__ = [
+    "CudaToCpuMode",
+    "install",
+    "installed",
+    "keeping_sent_buffers",
+    "maybe_move_tensor_to_cpu",
+]
 
 _LOCK = threading.Lock()
 _MODE: CudaToCpuMode | None = None
