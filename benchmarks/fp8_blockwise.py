@@ -89,8 +89,12 @@ def emulation_throughput(n: int, reps: int) -> None:
     print(f"[cpu {n}^3] linear fwd+bwd: fp8 emulation / fp32 = {ratio:.2f}x (informational)")
 
 
-def _layer_saved_task(fp8: bool) -> dict:
-    """Gloo worker task: saved bytes of decoder layer 0 of a bf16 MoE GPT (plugin on/off)."""
+def _layer_saved_task(fp8: bool, swiglu: bool) -> dict:
+    """Gloo worker task: saved bytes of decoder layer 0 of a bf16 MoE GPT (plugin on/off).
+
+    ``swiglu``: DeepSeek-style experts (SwiGLU, fused bias-activation); with ``fp8`` the SwiGLU
+    input is also stored in FP8 (megatron's activation_func_fp8_input_store, blockwise here).
+    """
     import contextlib
 
     from titan_plugins.testing import tiny_gpt
@@ -102,6 +106,10 @@ def _layer_saved_task(fp8: bool) -> dict:
         from megatron.core.fp8_utils import get_fp8_context
 
         flags = {"fp8": "e4m3", "fp8_recipe": "blockwise"} if fp8 else {}
+        if swiglu:
+            flags.update(gated_linear_unit=True, bias_activation_fusion=True)
+            flags.update(activation_func=torch.nn.functional.silu)
+            flags["activation_func_fp8_input_store"] = fp8
         cfg = tiny_gpt.make_config(
             hidden_size=512,
             ffn_hidden_size=1024,
@@ -135,13 +143,15 @@ def layer_memory() -> None:
     from titan_plugins.testing.workers import GlooWorkerPool
 
     with GlooWorkerPool(1) as pool:
-        off = pool.run(_layer_saved_task, False)[0]
-        on = pool.run(_layer_saved_task, True)[0]
-    for part in ("layer", "attention", "moe"):
-        print(
-            f"[memory] {part:9s} (bf16 MoE layer, 8x128 tokens, hidden 512, 4 experts top-2): "
-            f"bf16 {off[part]} B, fp8 {on[part]} B -> {on[part] / off[part]:.3f}x"
-        )
+        for swiglu, what in ((False, "GELU experts"), (True, "SwiGLU experts, FP8 SwiGLU input")):
+            off = pool.run(_layer_saved_task, False, swiglu)[0]
+            on = pool.run(_layer_saved_task, True, swiglu)[0]
+            for part in ("layer", "attention", "moe"):
+                print(
+                    f"[memory] {part:9s} bf16 MoE layer, 8x128 tokens, hidden 512, 4 experts "
+                    f"top-2, {what}: bf16 {off[part]} B, fp8 {on[part]} B -> "
+                    f"{on[part] / off[part]:.3f}x"
+                )
 
 
 def _gap_task(fp8: bool, steps: int) -> list[float]:
