@@ -89,7 +89,12 @@ def _critical_paths(by_rank: dict[int, dict], steps: list[str]) -> dict[str, Any
         # the previous iteration bounds this one only if it was recorded (consecutive numbers)
         stop = max(prev_end.values()) if str(int(k) - 1) in out["steps"] else float("-inf")
         prev_end = ends
-        res = cp.walk(cp.Timelines(paths, k), ends, stop)
+        latest: dict[tuple, tuple[float, int]] = {}
+        for r, s in by_rank.items():
+            for key, seq, start in s["steps"].get(k, {}).get("dp_coll", ()):
+                if start > latest.get((key, seq), (float("-inf"), r))[0]:
+                    latest[(key, seq)] = (start, r)
+        res = cp.walk(cp.Timelines(paths, k, latest=latest), ends, stop)
         out["steps"][k] = {
             "length_us": res["length_us"],
             "start_us": res["start_us"],

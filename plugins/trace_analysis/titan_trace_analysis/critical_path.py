@@ -44,8 +44,15 @@ class StepTimeline:
 class Timelines:
     """Lazily loaded rank timelines for one step, with a bounded cache."""
 
-    def __init__(self, paths: dict[int, str], step: str, capacity: int = 256) -> None:
+    def __init__(
+        self,
+        paths: dict[int, str],
+        step: str,
+        capacity: int = 256,
+        latest: dict[tuple, tuple[float, int]] | None = None,
+    ) -> None:
         self.paths, self.step, self.capacity = paths, step, capacity
+        self.latest = latest or {}  # (key, seq) -> (start, rank) of the last member to join
         self.cache: OrderedDict[int, StepTimeline | None] = OrderedDict()
         self.keys: dict[str, list[int] | None] = {}
 
@@ -140,8 +147,11 @@ def _through(tls: Timelines, r: int, t: float, op: list, add) -> tuple[int, floa
             return peer, send[1]
     elif kind != PP_SEND and key:
         tls.get(r)  # make sure the key table is loaded
-        members = tls.keys.get(key) or []
+        hit = tls.latest.get((key, seq))
+        members = [] if hit else tls.keys.get(key) or []
         best_r, best = r, start
+        if hit and hit[1] != r and hit[0] > start + EPS and hit[0] < t:
+            best, best_r = hit
         for m in members:
             mtl = tls.get(m) if m != r else None
             o = mtl.match.get((key, seq)) if mtl else None

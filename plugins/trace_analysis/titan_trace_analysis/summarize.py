@@ -15,8 +15,22 @@ from typing import Any
 
 from . import intervals as iv
 from .coords import coordinates
-from .kinds import COMM, COMPUTE, PP_RECV, PP_SEND, comm_kind, kernel_class
+from .kinds import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    COMM,
+    COMPUTE,
+    PP_RECV,
+    PP_SEND,
+    REDUCE_SCATTER,
+    comm_kind,
+    kernel_class,
+)
 from .reader import TraceError, TraceReader
+
+# Collectives over large groups (data parallel): their start times travel in the summary so the
+# critical path finds the last member to join without loading every member's timeline.
+INDEXED = (REDUCE_SCATTER, ALL_GATHER, ALL_REDUCE)
 
 _STEP = re.compile(r"ProfilerStep#(\d+)")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)")
@@ -211,10 +225,13 @@ def _one_step(s0: float, ops: list[tuple]) -> tuple[dict[str, Any], dict[str, An
     }
     seq: dict[tuple, int] = {}
     tl_ops = []
+    stat["dp_coll"] = dp_coll = []
     for g in sorted(comm):
         ident = (g[3], g[6]) if g[3] in (PP_SEND, PP_RECV) else (g[5],)
         n = seq.get(ident, 0)
         seq[ident] = n + 1
         tl_ops.append([g[3], g[0], g[1], g[5], g[6], n])
+        if g[3] in INDEXED:
+            dp_coll.append([g[5], n, g[0]])
     flat = [x for ab in comp for x in ab]
     return stat, {"win": [w0, w1], "comp": flat, "ops": tl_ops}

@@ -1,0 +1,57 @@
+"""The map step gives the same summaries on the local pool and on Ray; without Ray the error
+names the fix."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+from titan_trace_analysis import gen_traces
+from titan_trace_analysis.analyze import find_traces
+from titan_trace_analysis.engine import EngineError, run_map
+
+
+def _small_set(root: Path) -> list[str]:
+    gen_traces.generate(
+        ["--out", str(root), "--ranks", "4", "--pp", "2", "--layers", "1", "--steps", "1"]
+    )
+    return find_traces(str(root))
+
+
+def _comparable(summaries: list[dict]) -> list[dict]:
+    return [{k: v for k, v in s.items() if k != "timeline"} for s in summaries]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")
+def test_ray_engine_matches_local_pool(tmp_path: Path):
+    import ray
+
+    paths = _small_set(tmp_path / "t")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    local = run_map(paths, str(tmp_path / "a"), engine="local", workers=2, progress=False)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        remote = run_map(paths, str(tmp_path / "b"), engine="ray", progress=False)
+    finally:
+        ray.shutdown()
+    assert [s["rank"] for s in remote] == [0, 1, 2, 3]
+    assert _comparable(remote) == _comparable(local)
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [
+        f"rank-{r}.timeline.json" for r in range(4)
+    ]
+
+
+def test_ray_missing_names_the_fix(tmp_path: Path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(EngineError, match="pip install 'ray"):
+        run_map(["x.json"], str(tmp_path), engine="ray", progress=False)
+
+
+def test_local_pool_keeps_input_order_and_reports_progress(tmp_path: Path, capsys):
+    paths = _small_set(tmp_path / "t")
+    out = run_map(list(reversed(paths)), None, engine="local", workers=2, progress=True)
+    assert [s["file"] for s in out] == list(reversed(paths))
+    assert "4/4" in capsys.readouterr().err
