@@ -166,6 +166,22 @@ def test_world_size_1_loss_decreases_on_fixed_data(reference):
     assert losses[-1] < 0.85 * losses[0]
 
 
+def recompute_run(steps: int) -> list[float]:
+    """World size 1 with full activation recompute (the recompute runs inside backward)."""
+    tiny_gpt.init_parallel()
+    cfg = tiny_gpt.make_config(
+        recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1
+    )
+    return tiny_gpt.train(tiny_gpt.build_model(cfg), cfg, steps)[0]
+
+
+def test_full_recompute_runs_under_the_harness_bit_identical(gloo_pool1, reference):
+    # The recomputed forward allocates with device="cuda" during backward: this fails unless the
+    # harness keeps its device rewriting active inside the autograd engine. Same initial weights
+    # (init_parallel reseeds), same operations: the losses are bit-identical.
+    assert gloo_pool1.run(recompute_run, 3)[0] == reference[1][:3]
+
+
 def test_expert_parallel_2_matches_world_size_1(gloo_pool2, reference):
     initial, ref_losses, ref_norms, ref_state = reference
     results = gloo_pool2.run(layout_run, initial, 10, 2, {"ep": 2})
