@@ -1,15 +1,21 @@
 """The process-wide runtime the megatron wrappers talk to: settings, the lazily built offloader,
-and the schedule invocation in progress."""
+and the schedule invocation in progress.
+
+Importing this module does not import torch (activation may run inside ``import torch``): the
+offloader and step machinery load on the first schedule call.
+"""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from titan_act_offload.config import OffloadConfig
-from titan_act_offload.offloader import Offloader
 from titan_act_offload.plan import INTERLEAVED, NO_PIPELINING, build_plan, schedule_events
-from titan_act_offload.step import Step
+
+if TYPE_CHECKING:
+    from titan_act_offload.offloader import Offloader
+    from titan_act_offload.step import Step
 
 logger = logging.getLogger("titan_plugins.act_offload")
 
@@ -38,6 +44,8 @@ class Runtime:
     def offloader(self) -> Offloader:
         """The offloader, built on first use (streams and pool need the device)."""
         if self._offloader is None:
+            from titan_act_offload.offloader import Offloader
+
             if self._platform is None:
                 from titan_plugins import platform
 
@@ -89,6 +97,8 @@ class Runtime:
         offloader.param_storages = frozenset(
             p.untyped_storage().data_ptr() for m in models for p in m.parameters()
         )
+        from titan_act_offload.step import Step
+
         self.step = Step(offloader, plan, models)
         return self.step
 
