@@ -31,10 +31,10 @@ def test_settings_from_env(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None
     monkeypatch.setenv("TITAN_PP_RDMA_PROTOCOL", "tcp")
     monkeypatch.setenv("TITAN_PP_RDMA_TIMEOUT_S", "2.5")
     monkeypatch.setenv("TITAN_PP_RDMA_METADATA", "http://127.0.0.1:8080/metadata")
-    monkeypatch.setenv("TITAN_PP_RDMA_SLOTS", "zero")  # malformed: warns, keeps the default
+    monkeypatch.setenv("TITAN_PP_RDMA_BUFFERS", "zero")  # malformed: warns, keeps the default
     s = PPRdmaSettings.from_env()
-    assert "TITAN_PP_RDMA_SLOTS='zero'" in caplog.text
-    assert (s.protocol, s.timeout_s, s.slots) == ("tcp", 2.5, 4)
+    assert "TITAN_PP_RDMA_BUFFERS" in caplog.text and "zero" in caplog.text
+    assert (s.protocol, s.timeout_s, s.buffers) == ("tcp", 2.5, "auto")
     assert s.metadata == "http://127.0.0.1:8080/metadata"
 
 

@@ -25,33 +25,13 @@ def view_as(raw: torch.Tensor, key: str) -> torch.Tensor:
     return raw.view(dtype).view(shape)
 
 
-class RecvRing:
-    """``slots`` registered slots of one (peer, channel, key) that the peer writes into."""
+class SlotPool:
+    """Registered slots of one (peer, channel, shape, dtype), reused across microbatches.
 
-    def __init__(self, engine: Any, key: str, slots: int, device: torch.device) -> None:
-        self.key = key
-        self.nbytes = key_nbytes(key)
-        self.raw = engine.register(
-            torch.empty(slots * self.nbytes, dtype=torch.uint8, device=device)
-        )
-        self.slots = slots
-
-    def addresses(self) -> list[int]:
-        """Slot start addresses, advertised to the sender."""
-        base = self.raw.data_ptr()
-        return [base + i * self.nbytes for i in range(self.slots)]
-
-    def slot(self, i: int) -> torch.Tensor:
-        """Slot ``i`` viewed as the key's tensor."""
-        return view_as(self.raw[i * self.nbytes : (i + 1) * self.nbytes], self.key)
-
-
-class StagingPool:
-    """Registered send slots of one (peer, channel, key).
-
-    A send copies its tensor into a free slot when it is posted, so the caller's storage may be
-    freed or reused at once (``deallocate_pipeline_outputs`` pseudo-frees outputs right after
-    posting the send). The pool grows when every slot is in flight instead of blocking the post.
+    Senders stage into them (the copy at post time also means the caller's storage may be freed
+    at once: ``deallocate_pipeline_outputs`` pseudo-frees outputs right after posting the send);
+    receivers land pulled bytes in them. The pool grows when every slot is in use instead of
+    blocking, so it holds as many slots as the schedule keeps in flight.
     """
 
     def __init__(self, engine: Any, key: str, device: torch.device) -> None:

@@ -125,11 +125,19 @@ class MooncakeEngine:
         if self._registered.pop(buf.data_ptr(), None) is not None:
             self._te.unregister_memory(buf.data_ptr())
 
-    def submit_write(self, peer: str, local_addr: int, remote_addr: int, nbytes: int) -> int:
-        """Start a one-sided write; returns the batch id to poll with :meth:`status`."""
-        bid = self._te.transfer_submit_write(peer, local_addr, remote_addr, nbytes)
-        if bid < 0 or bid >= 2**63:
-            raise PPRdmaError(f"pp_rdma: Mooncake could not start a write to {peer} (id {bid})")
+    def submit_read(self, peer: str, local_addr: int, remote_addr: int, nbytes: int) -> int:
+        """Start a one-sided read of the peer's bytes; returns the id to poll with :meth:`status`.
+
+        A read is used rather than a write because its completion is final at the initiator:
+        over TCP, Mooncake reports a *write* complete once the bytes are in the local socket,
+        before the peer has stored them, so a notification after it could overtake the data.
+        """
+        bid = self._te.batch_transfer_async_read(peer, [local_addr], [remote_addr], [nbytes])
+        if bid <= 0 or bid >= 2**63:
+            raise PPRdmaError(
+                f"pp_rdma: Mooncake could not start a read from {peer} (id {bid}): the peer "
+                "died or its address is unreachable"
+            )
         return bid
 
     def status(self, bid: int) -> int:

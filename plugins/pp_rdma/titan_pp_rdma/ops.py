@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from titan_pp_rdma.buffers import RecvRing, StagingPool
+from titan_pp_rdma.buffers import SlotPool
 from titan_pp_rdma.mooncake_engine import PeerAddress
 from titan_pp_rdma.wire import tensor_key
 
@@ -18,9 +17,12 @@ if TYPE_CHECKING:
 class Op:
     """An async send or receive; ``wait()`` / ``is_completed()`` like a torch.distributed Work."""
 
-    def __init__(self, transport: MooncakeTransport, peer: int, ch: str, key: str, seq: int):
-        self.transport, self.peer, self.ch, self.key, self.seq = transport, peer, ch, key, seq
+    def __init__(self, transport: MooncakeTransport, peer: int, ch: str, t: torch.Tensor, seq: int):
+        self.transport, self.peer, self.ch, self.seq = transport, peer, ch, seq
+        self.key = tensor_key(t.shape, t.dtype)
         self.done = False
+        self.buf: torch.Tensor | None = None  # registered flat bytes: source or landing place
+        self.pooled = False  # ``buf`` is a pool slot (give it back) rather than registered ad hoc
 
     def wait(self, timeout: Any = None) -> bool:
         """Block (driving progress) until done; raises PPRdmaError / PPRdmaTimeout."""
@@ -34,29 +36,16 @@ class Op:
 
 
 class SendOp(Op):
-    """A posted send: source bytes (staged copy or pinned alias), then write, then notify."""
-
-    def __init__(
-        self, transport: MooncakeTransport, peer: int, ch: str, tensor: torch.Tensor, seq: int
-    ):
-        super().__init__(transport, peer, ch, tensor_key(tensor.shape, tensor.dtype), seq)
-        self.src: torch.Tensor | None = None  # flat bytes the write reads
-        self.pooled = False  # src is a staging slot to give back
-        self.registered = False  # src was registered for this op only
-        self.event: Any = None  # device copy into src still running
-        self.batch_id: int | None = None
-        self.remote_slot = -1
+    """A posted send: its bytes stay registered and unchanged until the receiver pulled them."""
 
 
 class RecvOp(Op):
-    """A posted receive into ``tensor``."""
+    """A posted receive into ``tensor``: pull once the sender announced the bytes, then copy."""
 
-    def __init__(
-        self, transport: MooncakeTransport, peer: int, ch: str, tensor: torch.Tensor, seq: int
-    ):
-        super().__init__(transport, peer, ch, tensor_key(tensor.shape, tensor.dtype), seq)
-        self.tensor = tensor
-        self.registered = False
+    def __init__(self, transport: MooncakeTransport, peer: int, ch: str, t: torch.Tensor, seq: int):
+        super().__init__(transport, peer, ch, t, seq)
+        self.tensor = t
+        self.batch_id: int | None = None
 
 
 class Link:
@@ -66,17 +55,7 @@ class Link:
         self.address = address
         self.send_seq = {"f": 0, "b": 0}
         self.recv_seq = {"f": 0, "b": 0}
-        self.sends: deque[SendOp] = deque()
-        # direct mode: receive addresses the peer posted, and our receives awaiting data
-        self.ready: dict[str, dict[int, tuple[str, int]]] = {"f": {}, "b": {}}
-        self.waiting: dict[str, dict[int, RecvOp]] = {"f": {}, "b": {}}
-        # ring mode: the peer's rings and credits, our rings, arrivals, unmatched messages
-        self.remote_rings: dict[tuple[str, str], list[int]] = {}
-        self.credits: dict[tuple[str, str], deque[int]] = {}
-        self.requested: set[tuple[str, str]] = set()
-        self.rings: dict[tuple[str, str], RecvRing] = {}
-        self.staging: dict[tuple[str, str], StagingPool] = {}
-        self.next_arrival = {"f": 0, "b": 0}
-        self.arrived: dict[str, dict[int, tuple[str, int]]] = {"f": {}, "b": {}}
-        self.unmatched: dict[str, deque[tuple[str, torch.Tensor]]] = {"f": deque(), "b": deque()}
-        self.posted: dict[str, deque[RecvOp]] = {"f": deque(), "b": deque()}
+        self.sends: dict[tuple[str, int], SendOp] = {}  # awaiting the receiver's F
+        self.recvs: dict[tuple[str, int], RecvOp] = {}  # posted, not complete
+        self.announced: dict[tuple[str, int], tuple[str, int]] = {}  # S: (ch, seq) -> (key, addr)
+        self.pools: dict[tuple[str, str, str], SlotPool] = {}  # (role, ch, key)

@@ -107,7 +107,7 @@ def open_session(pp_group: Any, settings: PPRdmaSettings | None = None) -> Sessi
             buffers = settings.buffers
             if buffers == "auto":  # registering fresh memory is free on TCP, costly on RDMA
                 buffers = "direct" if engine.protocol == "tcp" else "ring"
-            record = {"backend": "mooncake", "buffers": buffers, **engine.address.__dict__}
+            record = {"backend": "mooncake", **engine.address.__dict__}
         elif settings.backend == "torch":
             record = {"backend": "torch", "why": "TITAN_PP_RDMA_BACKEND=torch"}
         else:
@@ -129,12 +129,6 @@ def open_session(pp_group: Any, settings: PPRdmaSettings | None = None) -> Sessi
         if refusing:
             why = "; ".join(f"rank {r}: {w}" for r, w in sorted(refusing.items()))
             session = Session(ranks, None, f"torch.distributed P2P ({why})", settings)
-        elif len({rec["buffers"] for rec in records.values()}) > 1:
-            modes = {r: rec["buffers"] for r, rec in records.items()}
-            raise PPRdmaError(
-                f"pp_rdma: pipeline ranks disagree on the buffer mode {modes}: set the same "
-                "TITAN_PP_RDMA_BUFFERS / TITAN_PP_RDMA_PROTOCOL on every rank"
-            )
         else:
             idx = ranks.index(me)
             peers = {ranks[(idx + d) % len(ranks)] for d in (-1, 1)} - {me}
@@ -145,12 +139,11 @@ def open_session(pp_group: Any, settings: PPRdmaSettings | None = None) -> Sessi
                 me,
                 addrs,
                 prefix,
-                direct=record["buffers"] == "direct",
-                slots=settings.slots,
+                direct=buffers == "direct",
                 timeout_s=settings.timeout_s,
                 device=device,
             )
-            why = f"mooncake {engine.protocol}, {record['buffers']} buffers ({engine.metadata})"
+            why = f"mooncake {engine.protocol}, {buffers} buffers ({engine.metadata})"
             session = Session(ranks, transport, why, settings)
         STATE.sessions[ranks] = session
         STATE.last = {"backend": "mooncake" if session.transport else "torch", "why": session.why}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from titan_plugins.settings import Setting, env_choice, env_float, env_int
+from titan_plugins.settings import Setting, env_choice, env_float
 
 BACKENDS = ("auto", "mooncake", "torch")
 PROTOCOLS = ("auto", "rdma", "tcp")
@@ -22,7 +22,6 @@ class PPRdmaSettings:
     device: str = ""
     host: str = ""
     timeout_s: float = 300.0
-    slots: int = 4
     buffers: str = "auto"
 
     @classmethod
@@ -35,7 +34,6 @@ class PPRdmaSettings:
             device=os.environ.get("TITAN_PP_RDMA_DEVICE", "").strip(),
             host=os.environ.get("TITAN_PP_RDMA_HOST", "").strip(),
             timeout_s=env_float("TITAN_PP_RDMA_TIMEOUT_S", 300.0, minimum=0.1),
-            slots=env_int("TITAN_PP_RDMA_SLOTS", 4, minimum=1),
             buffers=env_choice("TITAN_PP_RDMA_BUFFERS", BUFFERS, "auto"),
         )
 
@@ -79,14 +77,9 @@ def declared() -> list[Setting]:
         Setting(
             var="TITAN_PP_RDMA_BUFFERS",
             default="auto",
-            doc="ring: registered slot rings per (peer, shape, dtype), copied in/out (RDMA "
-            "default); direct: write straight into the registered receive tensor, no copy (TCP "
-            "default)",
+            doc="ring: registered slots per (peer, direction, shape, dtype) reused across "
+            "microbatches, one copy per side (RDMA default); direct: register the tensors "
+            "themselves, no copy (TCP default)",
             choices=BUFFERS,
-        ),
-        Setting(
-            var="TITAN_PP_RDMA_SLOTS",
-            default="4",
-            doc="registered buffers per (peer, direction, shape, dtype) on each side",
         ),
     ]
