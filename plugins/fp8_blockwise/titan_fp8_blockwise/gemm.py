@@ -55,6 +55,11 @@ def _kernel_shape_ok(a: Quantized, b: Quantized) -> bool:
     return k % TILE == 0 and m % 16 == 0 and n % 16 == 0
 
 
+def _kernel_device(device: torch.device) -> bool:
+    """Only CUDA has a block-scaled FP8 GEMM (CPU ``_scaled_mm`` rejects block scales)."""
+    return device.type == "cuda" and hasattr(torch, "_scaled_mm")
+
+
 def _verify_layout(device: torch.device, b_tile: tuple[int, int]) -> int:
     from titan_fp8_blockwise.quantize import quantize_blocks, quantize_tiles
 
@@ -77,7 +82,7 @@ def _verify_layout(device: torch.device, b_tile: tuple[int, int]) -> int:
 def kernel_layout(a: Quantized, b: Quantized) -> int:
     """Index of the verified ``_scaled_mm`` scale layout for these operands, or -1."""
     device = a.data.device
-    if device.type != "cuda" or not hasattr(torch, "_scaled_mm") or not _kernel_shape_ok(a, b):
+    if not _kernel_device(device) or not _kernel_shape_ok(a, b):
         return -1
     key = (device.index or 0, b.tile)
     if key not in _VERIFIED:
