@@ -62,6 +62,8 @@ def test_each_bad_file_is_reported_and_the_rest_analysed(tmp_path: Path):
     assert report["ranks"]["5"]["mean_per_step"] is None
     assert report["steps"] == ["10", "11"]
     assert report["critical_path"]["steps"]
+    # rank 0 (stage 0) receives from rank 2 (stage 1), which is unreadable: said, not hidden
+    assert all(2 in st["unresolved_peers"] for st in report["critical_path"]["steps"].values())
     for r in ("0", "4", "7"):
         assert report["ranks"][r]["mean_per_step"]["compute_us"] > 0
 

@@ -66,6 +66,7 @@ def test_critical_path_length_is_the_step_time(analysed, ranks: int):
     assert len(steps) == len(truth)
     for (_k, st), want in zip(sorted(steps.items()), truth):
         assert st["length_us"] == pytest.approx(want, rel=0.02)
+        assert st["unresolved_peers"] == []
         # every microsecond of the path is attributed to something
         assert sum(v["us"] for v in st["by_kind"].values()) == pytest.approx(st["length_us"])
 

@@ -99,6 +99,7 @@ def _critical_paths(by_rank: dict[int, dict], steps: list[str]) -> dict[str, Any
             "length_us": res["length_us"],
             "start_us": res["start_us"],
             "end_us": res["end_us"],
+            "unresolved_peers": res["unresolved_peers"],
             **cp.bound_by(res, stage_of),
         }
         if res["length_us"] > longest:

@@ -53,6 +53,7 @@ class Timelines:
     ) -> None:
         self.paths, self.step, self.capacity = paths, step, capacity
         self.latest = latest or {}  # (key, seq) -> (start, rank) of the last member to join
+        self.unresolved: set[int] = set()  # peers the path needed but whose trace is absent
         self.cache: OrderedDict[int, StepTimeline | None] = OrderedDict()
         self.keys: dict[str, list[int] | None] = {}
 
@@ -133,7 +134,13 @@ def walk(
             t = end
         r, t = _through(tls, r, t, op, add)
     length = t_end - t
-    return {"length_us": length, "end_us": t_end, "start_us": t, "segments": segs[::-1]}
+    return {
+        "length_us": length,
+        "end_us": t_end,
+        "start_us": t,
+        "segments": segs[::-1],
+        "unresolved_peers": sorted(tls.unresolved),
+    }
 
 
 def _through(tls: Timelines, r: int, t: float, op: list, add) -> tuple[int, float]:
@@ -141,6 +148,8 @@ def _through(tls: Timelines, r: int, t: float, op: list, add) -> tuple[int, floa
     kind, start, _end, key, peer, seq = op
     if kind == PP_RECV and peer >= 0:
         ptl = tls.get(peer)
+        if ptl is None:
+            tls.unresolved.add(peer)
         send = ptl.match.get((PP_SEND, r, seq)) if ptl else None
         if send is not None and send[1] > start + EPS and send[1] < t:
             add(r, kind, send[1], t)

@@ -69,4 +69,7 @@ def render(report: dict[str, Any], max_ranks: int = 32) -> str:
             )
             top = ", ".join(f"r{x['rank']} {100 * x['share']:.0f}%" for x in st["top_ranks"][:4])
             lines.append(f"  step {k}: {_ms(st['length_us'])} ms = {kinds}; ranks {top}")
+            if st["unresolved_peers"]:
+                missing = ", ".join(str(r) for r in st["unresolved_peers"][:10])
+                lines.append(f"    (incomplete: the path needs missing ranks {missing})")
     return "\n".join(lines)
