@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from titan_plugins.plan.cli import main, plan_from_argv
-from titan_plugins.plan.config import build_config
 from titan_plugins.plan.flags import PlanError, parse_flags
+from titan_plugins.plan.from_flags import build_config
 from titan_plugins.plan.layout import parse_layout
 from titan_plugins.plan.memory import schedule_units, stage_memory
 from titan_plugins.plan.script import read_launch_script

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from titan_plugins.plan.config import build_config
 from titan_plugins.plan.flags import parse_flags
+from titan_plugins.plan.from_flags import build_config
 from titan_plugins.plan.memory import stage_memory
 
 BASE = (

@@ -17,8 +17,8 @@ import os
 import re
 import sys
 
-from titan_plugins.plan.config import build_config
 from titan_plugins.plan.flags import PlanError, parse_flags
+from titan_plugins.plan.from_flags import build_config
 from titan_plugins.plan.report import build_report, render_text
 from titan_plugins.plan.script import read_launch_script
 
