@@ -53,9 +53,11 @@ def worker_environment() -> dict:
 
     import torch
 
+    import titan_plugins
     from titan_plugins.testing import cpu_harness
 
     return {
+        "plugins_activated": titan_plugins.active_manager() is not None,
         "autoload": os.environ.get("TITAN_PLUGINS_AUTOLOAD"),
         "compile_disabled": os.environ.get("TORCH_COMPILE_DISABLE"),
         "threads": torch.get_num_threads(),
@@ -106,6 +108,7 @@ def test_workers_are_reused_across_calls(gloo_pool2):
 
 def test_workers_are_set_up_for_megatron_tests(gloo_pool2):
     expected = {
+        "plugins_activated": False,  # installed plugins stay off until a test activates them
         "autoload": "0",
         "compile_disabled": "1",
         "threads": 1,
