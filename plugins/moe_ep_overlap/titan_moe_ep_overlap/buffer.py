@@ -152,11 +152,14 @@ class Buffer:
         previous_event: EventOverlap | None = None,
         async_finish: bool = False,
         allocate_on_comm_stream: bool = False,
+        layout_table: torch.Tensor | None = None,
     ) -> tuple[Any, Any, Any, Any, Any, EventOverlap]:
         """Send each token to every rank owning one of its experts (DeepEP ``dispatch``).
 
         Returns ``(recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list,
         handle, event)``; with ``handle`` given (cached mode) the middle four are None.
+        ``layout_table`` (our extension) is this dispatch's entry of :meth:`exchange_layouts`;
+        without it the counts are exchanged here (a blocking collective, as DeepEP's notify).
         """
         check_stream_args(previous_event, async_finish, allocate_on_comm_stream)
         wait_previous(previous_event)
@@ -176,9 +179,9 @@ class Buffer:
                 "num_tokens_per_rank / is_token_in_rank / num_tokens_per_expert "
                 "(from get_dispatch_layout)"
             )
-        table = all_gather_rows(
-            torch.cat([num_tokens_per_rank, num_tokens_per_expert]).to(torch.int64), self.group
-        )
+        table = layout_table
+        if table is None:
+            table = self.exchange_layouts([(num_tokens_per_rank, num_tokens_per_expert)])[0]
         result: DispatchResult = DispatchResult.start(
             x, topk_idx, topk_weights, is_token_in_rank, table, self, expert_alignment,
             num_worst_tokens,
@@ -216,6 +219,21 @@ class Buffer:
         )
         event = EventHandle(works, finalize=finalize, keep_alive=keep)
         return combined_x, combined_w, _finish(event, async_finish)
+
+    def exchange_layouts(
+        self, layouts: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> list[torch.Tensor]:
+        """One blocking all-gather of the counts of several dispatches (our extension).
+
+        ``layouts`` holds ``(num_tokens_per_rank, num_tokens_per_expert)`` per dispatch; the
+        result holds each dispatch's ``[group size, ranks + experts]`` table, to pass as
+        ``dispatch(..., layout_table=...)``. A pipeline of chunks thus synchronises once.
+        """
+        rows = [
+            torch.cat([per_rank, per_expert]).to(torch.int64) for per_rank, per_expert in layouts
+        ]
+        table = all_gather_rows(torch.cat(rows), self.group)
+        return list(torch.split(table, [r.numel() for r in rows], dim=1))
 
     def _check_alive(self) -> None:
         if self.destroyed:

@@ -41,17 +41,33 @@ class Comm:
     def _now(self) -> Any:
         return self.event_overlap(self.event_handle())
 
-    def dispatch(self, x: torch.Tensor, idx: torch.Tensor, probs: torch.Tensor) -> tuple:
+    def layouts(self, indices: list[torch.Tensor]) -> list[tuple]:
+        """DeepEP layouts of every chunk; with our Buffer, plus all counts exchanged at once."""
+        layouts = [
+            self.buffer.get_dispatch_layout(
+                idx,
+                self.num_experts,
+                previous_event=self._now(),
+                async_finish=True,
+                allocate_on_comm_stream=True,
+            )  # fmt: skip
+            for idx in indices
+        ]
+        if not hasattr(self.buffer, "exchange_layouts"):  # DeepEP: counts exchanged per dispatch
+            return [(*layout, {}) for layout in layouts]
+        tables = self.buffer.exchange_layouts([(lay[0], lay[2]) for lay in layouts])
+        return [(*lay, {"layout_table": t}) for lay, t in zip(layouts, tables)]
+
+    def dispatch(
+        self, x: torch.Tensor, idx: torch.Tensor, probs: torch.Tensor, layout: tuple
+    ) -> tuple:
         """Start dispatching one chunk; returns DeepEP's 6-tuple (event last)."""
-        per_rank, per_rdma, per_expert, in_rank, event = self.buffer.get_dispatch_layout(
-            idx, self.num_experts, previous_event=self._now(), async_finish=True,
-            allocate_on_comm_stream=True,
-        )  # fmt: skip
+        per_rank, per_rdma, per_expert, in_rank, event, extra = layout
         return self.buffer.dispatch(
             x, topk_idx=idx, topk_weights=probs, num_tokens_per_rank=per_rank,
             num_tokens_per_rdma_rank=per_rdma, is_token_in_rank=in_rank,
             num_tokens_per_expert=per_expert, previous_event=event, async_finish=True,
-            allocate_on_comm_stream=True,
+            allocate_on_comm_stream=True, **extra,
         )  # fmt: skip
 
     def redispatch(self, grad: torch.Tensor, handle: Any) -> tuple:
@@ -108,7 +124,12 @@ class ChunkedExperts(torch.autograd.Function):
         bounds = chunk_bounds(hidden.shape[0], chunks)
         # autograd disables grad mode inside forward: decide from what the caller needs
         build_graph = bool(ctx.needs_input_grad[0] or ctx.needs_input_grad[1])
-        start = lambda i: comm.dispatch(*(t[slice(*bounds[i])] for t in (hidden, indices, probs)))  # noqa: E731
+        layouts = comm.layouts([indices[slice(*b)] for b in bounds])
+
+        def start(i: int) -> tuple:
+            lo, hi = bounds[i]
+            return comm.dispatch(hidden[lo:hi], indices[lo:hi], probs[lo:hi], layouts[i])
+
         pending = start(0)
         saved, combines = [], []
         for i in range(len(bounds)):
