@@ -34,13 +34,21 @@ def train_task(pp: int, vpp: int | None, env: dict | None, **config: Any) -> dic
     from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
 
     get_moe_layer_wise_logging_tracker().clear()
+    from megatron.core.pipeline_parallel import p2p_communication, schedules
+
     active = plugin_active("pp_rdma", env=env) if env is not None else contextlib.nullcontext()
     with active:
+        patched = (
+            getattr(schedules.P2PCommunicator, "titan_plugin", None) == "pp_rdma"
+            and p2p_communication._batched_p2p_ops.__module__ == "titan_pp_rdma.torch_p2p"
+        )
         cfg = tiny_gpt.make_config(**config)
         chunks = tiny_gpt.build_model(cfg, vpp=vpp)
         losses, norms = tiny_gpt.train(chunks, cfg, steps=STEPS, num_microbatches=MICROBATCHES)
         state = report() if env is not None else {}
     grads = {k: v for k, v in tiny_gpt.state_snapshot(chunks).items() if k.endswith(".grad")}
+    assert patched == (env is not None), "plugin patches not applied as expected"
+    assert getattr(schedules.P2PCommunicator, "titan_plugin", None) is None, "patch not undone"
     return {
         "losses": losses,
         "norms": norms,
