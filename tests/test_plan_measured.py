@@ -224,8 +224,11 @@ def test_plan_counts_mla_parameters_exactly(gloo_pool2) -> None:
     assert measured == [stage.params.total] * 2
 
 
-def measure_pipeline_peak(num_microbatches: int) -> float:
-    """Worker task: peak live saved-activation bytes of this rank over one 1F1B step at PP=2.
+def measure_pipeline_peak(num_microbatches: int, vpp: int | None = None) -> float:
+    """Worker task: peak live saved-activation bytes of this rank over one step at PP=2.
+
+    1F1B, or interleaved with ``vpp`` model chunks (unbatched P2P: megatron's batched P2P swaps
+    tensors when the previous and next rank are the same one, see DESIGN.md section 7).
 
     Saved tensors are tracked from pack (``saved_tensors_hooks``) until autograd releases them
     after their backward; storages are counted once, parameters never.
@@ -234,8 +237,8 @@ def measure_pipeline_peak(num_microbatches: int) -> float:
 
     from titan_plugins.testing import tiny_gpt
 
-    tiny_gpt.init_parallel(pp=2)
-    cfg = tiny_gpt.make_config()
+    tiny_gpt.init_parallel(pp=2, vpp=vpp)
+    cfg = tiny_gpt.make_config(batch_p2p_comm=False) if vpp else tiny_gpt.make_config()
     chunks = tiny_gpt.build_model(cfg)
     params = {p.untyped_storage().data_ptr() for c in chunks for p in c.parameters()}
     live: dict[int, list[int]] = {}  # storage -> [bytes, references]
@@ -277,5 +280,26 @@ def test_plan_matches_measured_peak_under_1f1b(gloo_pool2) -> None:
     )
     stages = stage_memory(cfg)
     assert [s.in_flight for s in stages] == [2, 1]
+    for measured, stage in zip(peaks, stages):
+        assert abs(measured / stage.activations["configured"] - 1) < 0.10, (measured, stage)
+
+
+def test_plan_matches_measured_peak_interleaved(gloo_pool2) -> None:
+    """PP=2 x VPP=2: rank 0 warms up 2 (pp - 1) + (vpp - 1) pp = 4 chunk-microbatches, rank 1 two."""
+    peaks = gloo_pool2.run(measure_pipeline_peak, 4, 2, timeout=240)
+    flags = [f for f in BASE if f != "--untie-embeddings-and-output-weights"]
+    flags += [
+        "--num-layers",
+        "4",
+        "--pipeline-model-parallel-size",
+        "2",  # the last value wins
+        "--num-virtual-stages-per-pipeline-rank",
+        "2",
+        "--global-batch-size",
+        "8",
+    ]
+    cfg = build_config(parse_flags(flags), world=2)
+    stages = stage_memory(cfg)
+    assert [s.in_flight for s in stages] == [5, 3]
     for measured, stage in zip(peaks, stages):
         assert abs(measured / stage.activations["configured"] - 1) < 0.10, (measured, stage)
