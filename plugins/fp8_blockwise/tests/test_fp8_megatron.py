@@ -137,6 +137,27 @@ def test_fp8_megatron_swiglu_input_stored_in_blockwise_fp8(gloo_pool1):
     assert 0 < max(gaps) <= 0.015
 
 
+@pytest.mark.parametrize(
+    "recompute",
+    [
+        {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1},
+        {"recompute_granularity": "selective", "recompute_modules": ["moe"]},
+    ],
+    ids=["full", "selective-moe"],
+)
+def test_fp8_megatron_recompute_stays_in_fp8(gloo_pool1, recompute):
+    # megatron recomputes fp8 models through te_checkpoint (None / ImportError without TE); the
+    # recomputed forward must run in FP8 again and reproduce the first forward exactly.
+    plain = gloo_pool1.run(_train_task, {}, True, 2)[0]
+    run = gloo_pool1.run(_train_task, {}, True, 2, 1, LR, recompute)[0]
+    assert run["failed"] == []
+    assert (
+        run["calls"]["ColumnParallelLinear.expert"]
+        == 2 * plain["calls"]["ColumnParallelLinear.expert"]
+    )
+    assert run["losses"] == plain["losses"]
+
+
 def test_fp8_megatron_plugin_without_fp8_flags_is_bit_identical(gloo_pool1, reference_ws1):
     run = gloo_pool1.run(_train_task, {}, False, 5)[0]
     assert run["calls"] == {}

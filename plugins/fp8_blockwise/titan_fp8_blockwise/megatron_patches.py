@@ -134,6 +134,38 @@ def _wrap_schedule(original: Callable[..., Any]) -> Callable[..., Any]:
     return forward_backward
 
 
+def _wrap_te_checkpoint(original: Any) -> Callable[..., Any]:
+    def te_checkpoint(
+        forward_func: Callable[..., Any],
+        distribute_saved_activations: bool,
+        get_rng_state_tracker: Any,
+        tp_group: Any,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        if original not in (None, MISSING) and backend.resolve_backend() == "te":
+            return original(
+                forward_func,
+                distribute_saved_activations,
+                get_rng_state_tracker,
+                tp_group,
+                *args,
+                **kwargs,
+            )
+        from megatron.core import tensor_parallel
+
+        recipe = region.current()
+
+        def run(*inputs: Any) -> Any:
+            # The recomputation in backward happens outside the caller's FP8 region: re-open it.
+            with region.fp8_region(recipe):
+                return forward_func(*inputs, **kwargs)
+
+        return tensor_parallel.checkpoint(run, distribute_saved_activations, *args)
+
+    return te_checkpoint
+
+
 def _te_general_gemm(original: Any) -> Any:
     return None if original is MISSING else original
 
@@ -251,6 +283,28 @@ def patches() -> list[Patch]:
                 "unscaled, saturating E4M3 cast.",
                 upstream="megatron/core/fusions/fused_bias_swiglu.py (used by transformer/mlp.py)",
                 remove_when="megatron-core stores activation inputs with block scales",
+            )
+        )
+    for module, create in (
+        ("megatron.core.extensions.transformer_engine", False),
+        ("megatron.core.transformer.transformer_block", False),
+        ("megatron.core.transformer.moe.moe_layer", True),  # bound only when TE imports
+    ):
+        records.append(
+            Patch(
+                id=f"fp8_blockwise.te_checkpoint.{module.rsplit('.', 1)[-1]}",
+                target=f"{module}:te_checkpoint",
+                replace=_wrap_te_checkpoint,
+                create=create,
+                rebind_aliases=False,
+                requires=MCORE,
+                rationale="With fp8, megatron recomputes (full, 'mlp', 'moe' recompute) through "
+                "te_checkpoint, which is None or raises ImportError without TE; the "
+                "replacement uses tensor_parallel.checkpoint and re-opens the FP8 region for "
+                "the recomputation.",
+                upstream="transformer_block.py:505-520, transformer_layer.py:719-731, "
+                "moe_layer.py:433-442, extensions/transformer_engine.py:2262",
+                remove_when="megatron-core has a non-TE quantization backend hook",
             )
         )
     for name in SCHEDULE_FUNCS:
