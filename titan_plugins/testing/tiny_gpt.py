@@ -96,7 +96,7 @@ def make_config(**overrides: Any) -> TransformerConfig:
 
     2 layers (or one per virtual stage when that is more), hidden 64, 4 heads, ffn 128,
     4 experts top-2 with the alltoall dispatcher, fp32, dropout 0, CPU initialisation, no linear
-    biases. Parallel sizes come from ``init_parallel``. ``num_moe_experts=None`` gives a dense model.
+    biases; ``bf16=True`` / ``fp16=True`` also set ``params_dtype`` (and PP's ``pipeline_dtype``). Parallel sizes come from ``init_parallel``. ``num_moe_experts=None`` gives a dense model.
     P2P settings stay megatron's defaults on purpose (the harness does not fix upstream bugs): PP=2
     with VPP and ``batch_p2p_comm=True`` (the default) silently swaps activations and gradients,
     so interleaved tests without a P2P fix pass ``batch_p2p_comm=False``.
@@ -126,9 +126,12 @@ def make_config(**overrides: Any) -> TransformerConfig:
         virtual_pipeline_model_parallel_size=vpp,
         expert_model_parallel_size=ps.get_expert_model_parallel_world_size(),
     )
-    if pp > 1:
-        fields["pipeline_dtype"] = torch.float32  # P2P buffers are allocated in this dtype
     fields.update(overrides)
+    if "params_dtype" not in overrides and (fields["bf16"] or fields.get("fp16")):
+        # As megatron.training derives it: half-precision runs keep their weights in that dtype.
+        fields["params_dtype"] = torch.bfloat16 if fields["bf16"] else torch.float16
+    if pp > 1 and "pipeline_dtype" not in overrides:
+        fields["pipeline_dtype"] = fields["params_dtype"]  # P2P buffers are allocated in it
     if fields.get("num_moe_experts") is None:
         # Dense model: the MoE-only fields would fail TransformerConfig validation.
         for key in ("moe_router_topk", "moe_token_dispatcher_type", "moe_aux_loss_coeff"):
