@@ -175,3 +175,53 @@ def test_offload_wiring_declares_patches(name, monkeypatch):
     assert "megatron.core.pipeline_parallel.schedules:backward_step" in targets
     assert all(r.rationale and r.remove_when for r in records)
     assert any(name in r.id for r in records)
+
+
+def _drive(model, offloader, plan, backward_order):
+    """Run the plan's forwards in order, then backwards in ``backward_order`` via a Step."""
+    from titan_act_offload.step import Step
+
+    step = Step(offloader, plan, [model])
+    x = _input().requires_grad_()
+    losses = {}
+    for event in plan.events:
+        if event.kind != "F":
+            continue
+        state = step.begin_forward(model, None, None)
+        h = x * (event.unit.microbatch + 1)
+        for block in model:
+            entered = offloader.enter_block("mlp")
+            try:
+                h = block(h)
+            finally:
+                offloader.exit_block(entered)
+        losses[event.unit.microbatch] = h.square().sum()
+        step.end_forward(state, losses[event.unit.microbatch])
+    for mb in backward_order:
+        unit = step.begin_backward(losses[mb])
+        losses[mb].backward()
+        step.end_backward(unit)
+    step.finish()
+    return [p.grad.clone() for p in model.parameters()] + [x.grad.clone()], step
+
+
+def test_offload_step_follows_plan_and_survives_a_mismatch(caplog):
+    from titan_act_offload.plan import build_plan, schedule_events
+
+    plan = build_plan(schedule_events("1f1b", 4, 0, 2), min_gap=0)
+    assert [e.kind for e in plan.events] == ["F", "F", "B", "B"]
+    reference = run(_model(), None, False, microbatches=2)
+    model = _model()
+    off = make_offloader(model)
+    grads, step = _drive(model, off, plan, [0, 1])
+    assert all(torch.equal(a, b) for a, b in zip(reference, grads))
+    assert step.mismatches == 0 and off.stats.late_reloads == 0
+    assert off.stats.unit_bytes == {(0, 0): UNIT_BYTES, (0, 1): UNIT_BYTES}
+    # Backward in another order than planned: warn, stop prefetching, reload on demand.
+    model = _model()
+    off = make_offloader(model)
+    with caplog.at_level(logging.WARNING, logger="titan_plugins.act_offload"):
+        grads, step = _drive(model, off, plan, [1, 0])
+    assert all(torch.equal(a, b) for a, b in zip(reference, grads))
+    assert step.mismatches == 1 and "the plan expected" in caplog.text
+    assert off.stats.late_reloads > 0 and off.stats.resident == 0

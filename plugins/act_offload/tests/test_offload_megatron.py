@@ -83,11 +83,12 @@ def offload_task(
                 host_pool = rt.offloader.pool.stats()
         finally:
             log.removeHandler(handler)
+        result.update(stats=stats, host_pool=host_pool, warnings=handler.messages)
+        if plan is None:  # the plugin stayed out of every schedule
+            results[name] = result
+            continue
         unit_bytes = stats["unit_bytes"]
         result.update(
-            stats=stats,
-            host_pool=host_pool,
-            warnings=handler.messages,
             offloaded_units=sorted(tuple(u) for u in plan.offload),
             in_flight=plan.in_flight_peak(),
             kept_in_flight=plan.in_flight_peak(kept_only=True),
@@ -257,3 +258,14 @@ def test_offload_host_budget_warns_and_training_continues(gloo_pool2):
     assert any("host buffer budget reached" in w for w in stage0["warnings"])
     # The pool never held more than the budget.
     assert stage0["host_pool"]["capacity"] <= 64 << 10
+
+
+def test_offload_stays_out_of_ep_overlap_schedules(gloo_pool2):
+    # overlap_moe_expert_parallel_comm (combined 1F1B) runs two microbatches inside one schedule
+    # step, so (chunk, microbatch) units do not hold: the plugin refuses, says so, changes nothing.
+    overrides = {"bf16": True, "overlap_moe_expert_parallel_comm": True}
+    results = gloo_pool2.run(offload_task, {"ep": 2}, overrides, 2, {"off": None, "on": {}})
+    for result in results:
+        assert_identical(result["off"], result["on"])
+        assert result["on"]["stats"]["steps"] == 0
+        assert any("overlap_moe_expert_parallel_comm" in w for w in result["on"]["warnings"])

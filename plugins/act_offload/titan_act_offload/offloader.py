@@ -91,6 +91,8 @@ class Offloader:
             return None
         if torch._C._current_graph_task_id() != -1:
             return None  # recomputation inside backward: saves are consumed at once
+        if not _hooks._saved_tensors_hooks_is_enabled():
+            return None  # disabled by the caller (e.g. functorch transforms)
         top = _hooks._top_saved_tensors_default_hooks(False)
         if top is not None and top[0] != self.pack:
             self.stats.skipped["other_saved_tensors_hooks"] += 1
