@@ -157,3 +157,16 @@ def test_fp8_backend_te_general_gemm_fix():
         return None
 
     assert _te_general_gemm(gemm) is gemm  # TE present: untouched
+
+
+def test_fp8_backend_plugin_import_is_cheap_and_megatron_free():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, titan_fp8_blockwise.plugin as p, titan_fp8_blockwise.megatron_patches as m\n"
+        "assert not [n for n in sys.modules if n.startswith('megatron')], 'megatron imported'\n"
+        "assert len(m.patches()) >= 10\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
