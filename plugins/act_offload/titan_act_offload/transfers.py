@@ -1,0 +1,160 @@
+"""Device <-> host copies of the offloader: blocks go to pooled host buffers on the d2h side
+stream when they end and come back on the h2d side stream ahead of backward. On CPU the copies
+are synchronous memcpys and no stream or event is touched; on GPUs events order the streams and
+a device copy is released only once its d2h copy has completed."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import deque
+from typing import Any
+
+import torch
+
+from titan_act_offload.accounting import OffloadStats
+from titan_act_offload.config import OffloadConfig
+from titan_act_offload.host_pool import HostBufferPool
+from titan_act_offload.records import EXTERNAL, HOST, RELOADED, STAGED, Block, Record
+
+logger = logging.getLogger("titan_plugins.act_offload")
+_NULL = contextlib.nullcontext()
+
+
+class DeviceHostCopies:
+    """Mixin of :class:`~titan_act_offload.offloader.Offloader`: the copy side."""
+
+    config: OffloadConfig
+    platform: Any
+    device: Any
+    asynchronous: bool
+    stats: OffloadStats
+    pool: HostBufferPool
+    d2h_stream: Any
+    h2d_stream: Any
+    _in_flight: deque[Record]
+    _budget_warned: bool
+
+    def _enter(self, record: Record, kept: bool) -> None:
+        raise NotImplementedError
+
+    def _leave(self, record: Record) -> None:
+        raise NotImplementedError
+
+    def _keep(self, record: Record, reason: str) -> None:
+        raise NotImplementedError
+
+    def _offload(self, block: Block) -> None:
+        records = [r for r in block.records if r.state == STAGED]
+        if not records:
+            return
+        platform = self.platform
+        done = None
+        if self.asynchronous:  # CPU copies are synchronous: no events to order them
+            ready = platform.new_event()
+            ready.record(platform.current_stream())
+            ready.wait(self.d2h_stream)  # copy only what compute has finished writing
+            done = platform.new_event()
+        with self._on(self.d2h_stream):
+            for record in records:
+                device = record.device
+                assert device is not None
+                if device.untyped_storage().nbytes() == 0:
+                    # megatron's CheckpointWithoutOutput released it; its recompute restores
+                    # the storage before backward reads it.
+                    record.state = EXTERNAL
+                    self._leave(record)
+                    self.stats.skipped["released_storage"] += 1
+                    continue
+                if device._version != record.version:
+                    self._keep(record, "modified_in_place")
+                    continue
+                buffer = self.pool.acquire(record.nbytes)
+                if buffer is None:
+                    self._over_budget(record)
+                    continue
+                record.host_buffer = buffer
+                record.host_view().copy_(device, non_blocking=self.asynchronous)
+                record.state = HOST
+                self.stats.offloaded_bytes += record.nbytes
+                if done is None:
+                    record.device = None
+                    self._leave(record)
+                else:
+                    record.done_event = done
+                    self._in_flight.append(record)
+            if done is not None:
+                done.record(self.d2h_stream)
+
+    def _reload(self, block: Block, prefetch: bool, force: bool = False) -> None:
+        if block.reloaded and not force:
+            return
+        records = [r for r in block.records if r.state == HOST]
+        if not records:
+            return  # nothing on host (kept block, or not ended yet): nothing to count
+        block.reloaded = True
+        block.prefetched = block.prefetched or prefetch
+        with self._on(self.h2d_stream):
+            for record in records:
+                if record.done_event is not None:
+                    record.done_event.wait(self.h2d_stream)
+                if record.device is None:
+                    tensor = torch.empty_strided(
+                        record.size, record.stride, dtype=record.dtype, device=self.device
+                    )
+                    tensor.copy_(record.host_view(), non_blocking=self.asynchronous)
+                    record.device = tensor
+                record.state = RELOADED
+                self._enter(record, kept=False)
+                if prefetch:
+                    self.stats.prefetched_bytes += record.nbytes
+                else:
+                    self.stats.late_reload_bytes += record.nbytes
+            if self.asynchronous:
+                block.reload_event = self.platform.new_event()
+                block.reload_event.record(self.h2d_stream)
+
+    def _prefetch_after(self, block: Block) -> None:
+        if block.position < 0:
+            return  # unpacked before its unit's forward ended: no order yet
+        start = block.position + 1
+        for nxt in block.unit.backward[start : start + self.config.prefetch_blocks]:
+            self._reload(nxt, prefetch=True)
+
+    def poll(self) -> None:
+        """Release device copies whose device-to-host copy has completed (GPU)."""
+        while self._in_flight and self._in_flight[0].done_event.query():
+            record = self._in_flight.popleft()
+            record.done_event = None
+            if record.state == HOST:
+                record.device = None
+                self._leave(record)
+            if record.handles == 0:
+                self._release_host(record)
+
+    def synchronize(self) -> None:
+        """Wait for every copy in flight (end of a step)."""
+        for record in self._in_flight:
+            record.done_event.synchronize()
+        self.poll()
+
+    def _on(self, stream: Any) -> Any:
+        return self.platform.stream_context(stream) if self.asynchronous else _NULL
+
+    def _over_budget(self, record: Record) -> None:
+        self._keep(record, "host_budget")
+        self.stats.kept_over_budget_bytes += record.nbytes
+        if not self._budget_warned:
+            self._budget_warned = True
+            logger.warning(
+                "act_offload: host buffer budget reached (TITAN_ACT_OFFLOAD_MAX_HOST_BYTES=%d, "
+                "%d bytes in use); further activations stay on the device. Raise the budget or "
+                "offload fewer blocks (TITAN_ACT_OFFLOAD_MODULES).",
+                self.pool.budget,
+                self.pool.in_use,
+            )
+
+    def _release_host(self, record: Record) -> None:
+        if record.host_buffer is not None:
+            self.pool.release(record.host_buffer)
+            record.host_buffer = None
