@@ -143,7 +143,9 @@ def test_offload_pp2_1f1b_bit_identical_and_peak_as_planned(gloo_pool2):
         "gap2": {"TITAN_ACT_OFFLOAD_MIN_GAP": "2"},
         "on": {},
     }
-    results = gloo_pool2.run(offload_task, {"pp": 2}, {"num_layers": 4}, 4, envs)
+    # deallocate_pipeline_outputs=True as megatron.training forces it (pseudo-frees sent outputs).
+    overrides = {"num_layers": 4, "deallocate_pipeline_outputs": True}
+    results = gloo_pool2.run(offload_task, {"pp": 2}, overrides, 4, envs)
     for result in results:
         for name in ("dry", "gap2", "on"):
             assert_identical(result["off"], result[name])
