@@ -140,3 +140,19 @@ def test_fp8_linear_zero_tokens():
     y = fp8_linear(x, w)
     y.sum().backward()
     assert y.shape == (0, 128) and torch.equal(w.grad, torch.zeros_like(w))
+
+
+def test_fp8_linear_gradient_accumulation_fusion_adds_into_main_grad():
+    # megatron's contract: dW accumulates into weight.main_grad (fp32); DDP's hooks get a dummy
+    # gradient and the grad_added_to_main_grad flag.
+    x = torch.randn(64, 256)
+    w = torch.randn(128, 256, requires_grad=True)
+    want = torch.randn(128, 256)
+    fp8_linear(x, w).sum().backward()
+    dw = w.grad.clone()
+    w.grad = None
+    w.main_grad = want.clone()
+    w.grad_added_to_main_grad = False
+    fp8_linear(x, w, gradient_accumulation_fusion=True).sum().backward()
+    assert torch.equal(w.main_grad, want + dw)
+    assert w.grad_added_to_main_grad is True and torch.equal(w.grad, torch.zeros_like(w))
