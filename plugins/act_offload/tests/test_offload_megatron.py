@@ -121,10 +121,19 @@ def transient_bound(run: dict) -> int:
 def test_offload_pp1_every_microbatch_bit_identical(gloo_pool1):
     # PP=1 runs F0 B0 F1 B1: no microbatch waits, so the default plan offloads nothing; MIN_GAP=0
     # offloads every microbatch anyway (block by block within the forward/backward of each).
-    envs = {"off": None, "on": {"TITAN_ACT_OFFLOAD_MIN_GAP": "0"}, "default": {}}
+    envs = {
+        "off": None,
+        "on": {"TITAN_ACT_OFFLOAD_MIN_GAP": "0"},
+        "default": {},
+        "layer": {"TITAN_ACT_OFFLOAD_MIN_GAP": "0", "TITAN_ACT_OFFLOAD_MODULES": "layer,experts"},
+    }
     (result,) = gloo_pool1.run(offload_task, {}, {}, 2, envs)
-    assert_identical(result["off"], result["on"])
-    assert_identical(result["off"], result["default"])
+    for name in ("on", "default", "layer"):
+        assert_identical(result["off"], result[name])
+    # Whole layers (norms and residual inputs included) save more than attention + MLP blocks.
+    layer = result["layer"]["stats"]
+    assert layer["offloaded_bytes"] > result["on"]["stats"]["offloaded_bytes"]
+    assert layer["late_reloads"] == 0 and layer["schedule_mismatches"] == 0
     on, default = result["on"]["stats"], result["default"]["stats"]
     assert default["offloaded_bytes"] == 0 and result["default"]["offloaded_units"] == []
     assert on["offloaded_bytes"] > 0 and on["schedule_mismatches"] == 0
