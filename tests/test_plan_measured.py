@@ -18,7 +18,8 @@ BASE = (
     "--seq-length 16 --max-position-embeddings 16 --micro-batch-size 2 --num-experts 4 "
     "--moe-router-topk 2 --vocab-size 128 --make-vocab-size-divisible-by 1 "
     "--disable-bias-linear --transformer-impl local --hidden-dropout 0 --attention-dropout 0 "
-    "--untie-embeddings-and-output-weights --use-distributed-optimizer"
+    "--untie-embeddings-and-output-weights --use-distributed-optimizer "
+    "--attention-softmax-in-fp32"  # TransformerConfig's default, which tiny_gpt keeps
 ).split()
 
 # (extra Megatron flags, matching TransformerConfig overrides, GPTModel position embedding)
@@ -48,8 +49,20 @@ CASES = {
 }
 
 
-def measure(overrides: dict, position: str) -> dict:
-    """Worker task: build, run one step, return measured bytes (params, grads, optim, acts)."""
+def measure(overrides: dict, position: str, plugin: str | None = None) -> dict:
+    """Worker task: build, run one step, return measured bytes (params, grads, optim, acts).
+
+    ``plugin``: run with that installed Titan plugin active (``plugin_active``).
+    """
+    import contextlib
+
+    from titan_plugins.testing import plugin_active
+
+    with plugin_active(plugin) if plugin else contextlib.nullcontext():
+        return _measure(overrides, position)
+
+
+def _measure(overrides: dict, position: str) -> dict:
     import torch
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
@@ -303,3 +316,23 @@ def test_plan_matches_measured_peak_interleaved(gloo_pool2) -> None:
     assert [s.in_flight for s in stages] == [5, 3]
     for measured, stage in zip(peaks, stages):
         assert abs(measured / stage.activations["configured"] - 1) < 0.10, (measured, stage)
+
+
+def _installed(plugin: str) -> bool:
+    from importlib import metadata
+
+    return any(ep.name == plugin for ep in metadata.entry_points(group="titan_plugins"))
+
+
+@pytest.mark.skipif(not _installed("fp8_blockwise"), reason="titan-fp8-blockwise not installed")
+def test_plan_fp8_storage_matches_the_fp8_blockwise_plugin(gloo_pool2) -> None:
+    """With the plugin, linear inputs are saved as E4M3 + 1x128 fp32 scales; experts pad their
+    tokens to the FP8 alignment (the plan uses the expected padding, the tiny model's routing
+    decides the real one)."""
+    overrides = {"bf16": True, "params_dtype": "bf16", "fp8": "e4m3", "fp8_recipe": "blockwise"}
+    ranks = gloo_pool2.run(measure, overrides, "learned_absolute", "fp8_blockwise", timeout=240)
+    flags = BASE + ["--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "blockwise"]
+    stage = stage_memory(build_config(parse_flags(flags), world=2))[0]
+    for rank in ranks:
+        assert abs(rank["activation_bytes"] / stage.act_per_microbatch - 1) < 0.10, rank
+        assert rank["param_bytes"] == stage.param_bytes

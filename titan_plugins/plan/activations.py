@@ -11,11 +11,12 @@ module would otherwise save; ``--recompute-granularity full`` keeps only each la
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from titan_plugins.plan.config import PlanConfig
 
-FP8_BYTES_PER_ELEMENT = 1 + 4 / 128  # E4M3 value + one fp32 scale per 1x128 tile
+TILE = 128  # fp8_blockwise keeps saved linear inputs token-tiled: one fp32 scale per 1x128 tile
 
 
 @dataclass
@@ -27,15 +28,47 @@ class Entry:
     dtype_bytes: float
     module: str  # the part that saves it (attn_norm, core_attn, moe, head, ...): for reports
     linear_input: bool = False
+    tiles: float = 0.0  # 1x128 scale tiles of the FP8 copy (linear inputs)
+    fp8_only: bool = False  # an FP8 copy of a tensor that is saved anyway (shares it otherwise)
+    fp8_scale: float = 1.0  # element growth under FP8 (experts pad tokens to the FP8 alignment)
 
     @property
     def bytes(self) -> float:
         """Bytes as stored without FP8."""
-        return self.elements * self.dtype_bytes
+        return 0.0 if self.fp8_only else self.elements * self.dtype_bytes
 
     def fp8_bytes(self) -> float:
-        """Bytes when linear inputs are stored in blockwise FP8 (other tensors unchanged)."""
-        return self.elements * FP8_BYTES_PER_ELEMENT if self.linear_input else self.bytes
+        """Bytes under blockwise FP8: linear inputs as E4M3 + fp32 tile scales, others as is."""
+        elements = self.elements * self.fp8_scale
+        if self.linear_input:
+            return elements + 4 * self.tiles
+        return 0.0 if self.fp8_only else elements * self.dtype_bytes
+
+
+def _linear_input(
+    name: str,
+    elements: float,
+    a: int,
+    module: str,
+    tokens: float,
+    groups: int = 1,
+    fp8_only: bool = False,
+    fp8_tokens: float = 0,
+) -> Entry:
+    """A linear layer's saved input; its FP8 copy is tiled along the tokens of each group.
+
+    ``fp8_tokens``: the token count under FP8 when it differs (expert padding).
+    """
+    fp8_tokens = fp8_tokens or tokens
+    features = elements / tokens if tokens else 0
+    tiles = features * groups * math.ceil(fp8_tokens / groups / TILE) if tokens else 0
+    scale = fp8_tokens / tokens if tokens else 1.0
+    return Entry(name, elements, a, module, True, tiles, fp8_only, scale)
+
+
+def _stats_bytes(cfg: PlanConfig) -> int:
+    # TE norms keep fp32 statistics; torch's norms keep them in the activation dtype
+    return 4 if cfg.impl == "transformer_engine" else cfg.act_bytes
 
 
 def _tokens(cfg: PlanConfig) -> float:
@@ -50,7 +83,8 @@ def _qk_extras(cfg: PlanConfig, t: float, a: int) -> list[Entry]:
     if cfg.qk_layernorm:  # q/k norms keep their outputs and statistics
         qk = t * (q_heads + kv_heads)
         out.append(Entry("qk_norm_output", qk * d, a, "core_attn"))
-        out.append(Entry("qk_norm_stats", qk * (2 if cfg.layernorm else 1), 4, "core_attn"))
+        stats = _stats_bytes(cfg)
+        out.append(Entry("qk_norm_stats", qk * (2 if cfg.layernorm else 1), stats, "core_attn"))
         if local_gqa:  # q is split out of the grouped qkv as its own tensor
             out.append(Entry("q_split", t * q_heads * d, a, "core_attn"))
     rope = cfg.position_embedding == "rope"
@@ -70,15 +104,16 @@ def _attention(cfg: PlanConfig, t: float, a: int) -> list[Entry]:
     heads = cfg.heads / tp
     seq_local = cfg.seq / cfg.cp
     out: list[Entry] = [Entry("attn_norm_input", t * cfg.hidden / sp, a, "attn_norm")]
-    out.append(Entry("attn_norm_stats", t * (2 if cfg.layernorm else 1) / sp, 4, "layernorm"))
-    out.append(Entry("attn_norm_output", t * cfg.hidden / sp, a, "layernorm", True))
+    stats = _stats_bytes(cfg)
+    out.append(Entry("attn_norm_stats", t * (2 if cfg.layernorm else 1) / sp, stats, "layernorm"))
+    out.append(_linear_input("attn_norm_output", t * cfg.hidden / sp, a, "layernorm", t / sp))
     if cfg.mla:
         q_head = cfg.qk_head + cfg.qk_pos
         if cfg.q_lora is not None:
             out.append(Entry("q_down_output", t * cfg.q_lora, a, "mla_norm"))
-            out.append(Entry("q_norm_output", t * cfg.q_lora, a, "mla_norm", True))
+            out.append(_linear_input("q_norm_output", t * cfg.q_lora, a, "mla_norm", t))
         out.append(Entry("kv_down_output", t * (cfg.kv_lora + cfg.qk_pos), a, "mla_norm"))
-        out.append(Entry("kv_norm_output", t * cfg.kv_lora, a, "mla_norm", True))
+        out.append(_linear_input("kv_norm_output", t * cfg.kv_lora, a, "mla_norm", t))
         qkv = t * heads * (2 * q_head + cfg.v_head)
         value_dim = cfg.v_head
     else:
@@ -92,10 +127,13 @@ def _attention(cfg: PlanConfig, t: float, a: int) -> list[Entry]:
         out.append(Entry("softmax_stats", cfg.mbs * heads * seq_local, 4, "core_attn"))
     else:
         probs = cfg.mbs * heads * seq_local * seq_local
-        out.append(Entry("attention_probs", probs, a, "core_attn"))
+        if cfg.softmax_fp32 and a != 4:  # fp32 softmax output, and its cast for probs @ v
+            out.append(Entry("attention_probs", probs, 4 + a, "core_attn"))
+        else:
+            out.append(Entry("attention_probs", probs, a, "core_attn"))
         if cfg.attn_dropout > 0:
             out.append(Entry("attention_dropout_mask", probs, 1, "core_attn"))
-    out.append(Entry("attn_proj_input", context, a, "attn_proj", True))
+    out.append(_linear_input("attn_proj_input", context, a, "attn_proj", t))
     if cfg.hidden_dropout > 0:
         out.append(Entry("attn_dropout_mask", t * cfg.hidden / sp, 1, "attn_proj"))
     return out
@@ -105,16 +143,21 @@ def _mlp_part(cfg: PlanConfig, t: float, a: int, moe: bool) -> list[Entry]:
     sp = cfg.tp if cfg.sp else 1
     gate = 2 if cfg.gated else 1
     local_glu = cfg.gated and cfg.impl == "local"
+    stats = _stats_bytes(cfg)
+    norm_out = t * cfg.hidden / sp
     out = [
         Entry("mlp_norm_input", t * cfg.hidden / sp, a, "mlp_norm"),
-        Entry("mlp_norm_stats", t * (2 if cfg.layernorm else 1) / sp, 4, "layernorm"),
-        Entry("mlp_norm_output", t * cfg.hidden / sp, a, "layernorm", True),
+        Entry("mlp_norm_stats", t * (2 if cfg.layernorm else 1) / sp, stats, "layernorm"),
+        # MoE: the router keeps it in high precision; experts quantize their own copies
+        _linear_input("mlp_norm_output", norm_out, a, "layernorm", t / sp)
+        if not moe
+        else Entry("mlp_norm_output", norm_out, a, "layernorm"),
     ]
     if cfg.hidden_dropout > 0:
         out.append(Entry("mlp_dropout_mask", t * cfg.hidden / sp, 1, "mlp"))
     if not moe:
         out.append(Entry("fc1_output", t * gate * cfg.ffn / cfg.tp, a, "mlp"))
-        out.append(Entry("fc2_input", t * cfg.ffn / cfg.tp, a, "mlp", True))
+        out.append(_linear_input("fc2_input", t * cfg.ffn / cfg.tp, a, "mlp", t))
         if local_glu:  # unfused silu(x1) * x2 keeps two more f-sized intermediates
             out.append(Entry("glu_intermediate", 2 * t * cfg.ffn / cfg.tp, a, "mlp"))
         return out
@@ -123,16 +166,47 @@ def _mlp_part(cfg: PlanConfig, t: float, a: int, moe: bool) -> list[Entry]:
     out.append(Entry("router", t * e * 9 + t * k * 28, 1, "moe"))
     routed = t * k  # tokens arriving at this EP rank's experts, balanced routing
     f = cfg.moe_ffn / cfg.etp
-    out.append(Entry("expert_fc1_input", routed * cfg.hidden, a, "expert_fc1", True))
-    out.append(Entry("expert_fc1_output", routed * gate * f, a, "moe"))
-    out.append(Entry("expert_fc2_input", routed * f, a, "moe_act", True))
+    local = cfg.experts // cfg.ep
+    # Under FP8 each local expert pads its tokens to the GEMM alignment (megatron's
+    # Fp8Padding / _pad_tensor_for_quantization): (align - 1) / 2 rows expected per expert.
+    align = 32 if cfg.fp8_recipe == "mxfp8" else 16
+    padded = routed + local * (align - 1) / 2
+    grow = padded / routed
+    out.append(
+        _linear_input(
+            "expert_fc1_input",
+            routed * cfg.hidden,
+            a,
+            "expert_fc1",
+            routed,
+            local,
+            fp8_tokens=padded,
+        )
+    )
+    out.append(Entry("expert_fc1_output", routed * gate * f, a, "moe", fp8_scale=grow))
+    out.append(
+        _linear_input(
+            "expert_fc2_input", routed * f, a, "moe_act", routed, local, fp8_tokens=padded
+        )
+    )
     if cfg.impl == "local":  # unfused: activation output before the routing-prob weighting
-        out.append(Entry("expert_act_output", routed * f * (3 if local_glu else 1), a, "moe_act"))
-    out.append(Entry("expert_probs", routed, 4, "moe"))
+        out.append(
+            Entry(
+                "expert_act_output",
+                routed * f * (3 if local_glu else 1),
+                a,
+                "moe_act",
+                fp8_scale=grow,
+            )
+        )
+    out.append(Entry("expert_probs", routed, 4, "moe", fp8_scale=grow))
     if cfg.shared_ffn:
         s = cfg.shared_ffn / cfg.tp
         out.append(Entry("shared_fc1_output", t * gate * s, a, "shared_experts"))
-        out.append(Entry("shared_fc2_input", t * s, a, "shared_experts", True))
+        out.append(
+            _linear_input("shared_fc1_input", norm_out, a, "shared_experts", t / sp, fp8_only=True)
+        )
+        out.append(_linear_input("shared_fc2_input", t * s, a, "shared_experts", t))
         if local_glu:
             out.append(Entry("shared_glu_intermediate", 2 * t * s, a, "shared_experts"))
     return out
@@ -189,8 +263,8 @@ def head_entries(cfg: PlanConfig) -> list[Entry]:
     sp = cfg.tp if cfg.sp else 1
     return [
         Entry("final_norm_input", t * cfg.hidden / sp, a, "head"),
-        Entry("final_norm_stats", t * (2 if cfg.layernorm else 1) / sp, 4, "head"),
-        Entry("output_layer_input", t * cfg.hidden / sp, a, "head", True),
+        Entry("final_norm_stats", t * (2 if cfg.layernorm else 1) / sp, _stats_bytes(cfg), "head"),
+        Entry("output_layer_input", t * cfg.hidden / sp, a, "head"),  # head stays high precision
         Entry("cross_entropy", t * cfg.vocab / cfg.tp, 4, "head"),
         Entry("labels_mask", t, 9, "head"),
     ]

@@ -76,6 +76,7 @@ class PlanConfig:
     fp8_recipe: str | None
     impl: str  # "transformer_engine" or "local"
     flash: bool
+    softmax_fp32: bool  # --attention-softmax-in-fp32 (unfused attention keeps fp32 probabilities)
     attn_dropout: float
     hidden_dropout: float
     recompute_granularity: str | None

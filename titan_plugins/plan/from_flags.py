@@ -211,6 +211,8 @@ def build_config(flags: dict, world: int) -> PlanConfig:
         fp8_recipe=flags.get("--fp8-recipe"),
         impl=impl,
         flash=impl == "transformer_engine" and backend in ("auto", "flash", "fused"),
+        softmax_fp32=bool(flags.get("--attention-softmax-in-fp32"))
+        or bool(flags.get("--apply-query-key-layer-scaling")),
         attn_dropout=_float(flags, "--attention-dropout", 0.1),
         hidden_dropout=_float(flags, "--hidden-dropout", 0.1),
         recompute_granularity=recompute,
