@@ -167,8 +167,8 @@ class Buffer:
         if handle is not None:
             if topk_idx is not None or topk_weights is not None:
                 raise AssertionError("cached dispatch (handle given) takes no topk_idx/weights")
-            recv_x, works = dispatch_rows(x, handle, self.group, self.rank)
-            event = EventHandle(works, keep_alive=(x, recv_x))
+            recv_x, works, finalize = dispatch_rows(x, handle, self.group, self.rank)
+            event = EventHandle(works, finalize=finalize, keep_alive=(x, recv_x))
             return recv_x, None, None, None, None, _finish(event, async_finish)
         if any(
             t is None
@@ -186,7 +186,7 @@ class Buffer:
             x, topk_idx, topk_weights, is_token_in_rank, table, self, expert_alignment,
             num_worst_tokens,
         )  # fmt: skip
-        event = EventHandle(result.works, keep_alive=result.keep_alive)
+        event = EventHandle(result.works, finalize=result.finalize, keep_alive=result.keep_alive)
         return (
             result.recv_x,
             result.recv_topk_idx,

@@ -1,9 +1,10 @@
 """The transfers behind ``Buffer.dispatch`` / ``Buffer.combine``: start them, finish them later.
 
-Each function only *starts* all-to-alls and returns the output tensors plus the works (and, for
-combine, a finaliser doing the per-token reduction); the caller wraps them in an ``EventHandle``.
-Remapping of expert ids to local ids is done on the sending side (the sender knows the destination
-rank), so dispatch results need no post-processing and are valid as soon as the works complete.
+Each function only *starts* one all-to-all (tokens and their metadata packed side by side, see
+``rowpack``) and returns the output tensors, the work and a finaliser (dispatch: copy the packed
+rows out into contiguous results; combine: the per-token reduction); the caller wraps them in an
+``EventHandle``. Expert ids are remapped to local ids on the sending side (the sender knows the
+destination rank).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from titan_moe_ep_overlap import rowpack
 from titan_moe_ep_overlap.comm import all_to_all_rows
 from titan_moe_ep_overlap.layout import (
     Handle,
@@ -37,14 +39,15 @@ def _like(x: Tensors, parts: list[torch.Tensor]) -> Tensors:
 
 @dataclass
 class DispatchResult:
-    """Outputs of a fresh dispatch whose transfers are in flight."""
+    """Outputs of a fresh dispatch whose transfer is in flight (valid after ``finalize``)."""
 
     recv_x: Tensors
-    recv_topk_idx: torch.Tensor | None
+    recv_topk_idx: torch.Tensor
     recv_topk_weights: torch.Tensor | None
     num_recv_tokens_per_expert_list: list[int]
     handle: Handle
     works: list[Any]
+    finalize: Callable[[], None]
     keep_alive: tuple[Any, ...]
 
     @classmethod
@@ -76,84 +79,62 @@ class DispatchResult:
         plan = send_plan(is_token_in_rank)
         rows = max(received, int(num_worst_tokens))
 
-        works, recv_parts = [], []
-        for part in _parts(x):
-            out = part.new_zeros((rows, *part.shape[1:])) if rows > received else None
-            recv, work = all_to_all_rows(
-                part[plan.token_idx], recv_counts, plan.send_counts, group, out=out
-            )
-            recv_parts.append(recv)
-            works.append(work)
-
-        # local expert ids for the destination (-1: expert not on that rank), source index and
-        # weights travel in one int32 all-to-all (one collective instead of three)
+        # local expert ids for the destination (-1: expert not on that rank) and source index
         chosen = topk_idx[plan.token_idx]
         local = chosen - plan.dest.unsqueeze(1) * per_rank
         on_dest = (chosen >= 0) & (local >= 0) & (local < per_rank)
         local = torch.where(on_dest, local, torch.full_like(local, -1))
         meta = torch.cat([local, plan.token_idx.unsqueeze(1)], dim=1).to(torch.int64)
-        weights = None
+        parts = [part[plan.token_idx] for part in _parts(x)] + [meta]
         if topk_weights is not None:
-            weights = topk_weights[plan.token_idx].masked_fill(~on_dest, 0.0)
-        packed = _pack_meta(meta, weights)
-        packed_out = packed.new_full((rows, packed.shape[1]), 0)
-        packed_out[:, : 2 * meta.shape[1]] = -1  # padding rows (num_worst_tokens): index -1
-        recv_packed, work = all_to_all_rows(
-            packed, recv_counts, plan.send_counts, group, out=packed_out
-        )
-        works.append(work)
-        recv_meta, recv_weights = _unpack_meta(recv_packed, meta.shape[1], weights is not None)
-        keep: list[Any] = [packed]
+            parts.append(topk_weights[plan.token_idx].masked_fill(~on_dest, 0.0))
+        layout = rowpack.layout_of(parts)
+        packed = rowpack.pack(parts, layout)
+        out = packed.new_zeros((rows, packed.shape[1])) if rows > received else None
+        recv, work = all_to_all_rows(packed, recv_counts, plan.send_counts, group, out=out)
+        results = [p.new_empty((rows, p.shape[1])) for p in parts]
+
+        def finalize() -> None:
+            for dst, src in zip(results, rowpack.views(recv, layout)):
+                dst.copy_(src)
+            results[len(_parts(x))][received:] = -1  # num_worst_tokens padding rows: no expert
+
         k = topk_idx.shape[1]
-        recv_src_idx = recv_meta[:received, k]
-        handle = make_handle(rank_prefix_matrix, me, recv_src_idx, is_token_in_rank, plan)
+        recv_meta = results[len(_parts(x))]
+        handle = make_handle(
+            rank_prefix_matrix, me, recv_meta[:received, k], is_token_in_rank, plan
+        )
         return cls(
-            recv_x=_like(x, recv_parts),
+            recv_x=_like(x, results[: len(_parts(x))]),
             recv_topk_idx=recv_meta[:, :k],
-            recv_topk_weights=recv_weights,
+            recv_topk_weights=results[-1] if topk_weights is not None else None,
             num_recv_tokens_per_expert_list=[] if num_worst_tokens > 0 else aligned,
             handle=handle,
-            works=works,
-            keep_alive=(*keep, *recv_parts, recv_packed),
+            works=[work],
+            finalize=finalize,
+            keep_alive=(packed, recv),
         )
-
-
-def _pack_meta(meta: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
-    """``[n, 2*(K+1) (+K) (+pad)]`` int32 rows: int64 ids as int32 pairs, fp32 weights as bits.
-
-    The width is even so the receiver can view the id columns back as int64 without a copy.
-    """
-    parts = [meta.contiguous().view(torch.int32)]
-    if weights is not None:
-        parts.append(weights.contiguous().view(torch.int32))
-    width = sum(p.shape[1] for p in parts)
-    if width % 2:
-        parts.append(meta.new_zeros((meta.shape[0], 1), dtype=torch.int32))
-    return torch.cat(parts, dim=1)
-
-
-def _unpack_meta(
-    packed: torch.Tensor, meta_cols: int, has_weights: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Views of the received ids (int64 ``[n, K+1]``) and weights (fp32 ``[n, K]``)."""
-    ids = packed[:, : 2 * meta_cols].view(torch.int64)
-    if not has_weights:
-        return ids, None
-    return ids, packed[:, 2 * meta_cols : 2 * meta_cols + meta_cols - 1].view(torch.float32)
 
 
 def dispatch_rows(
     x: Tensors, handle: Handle, group: dist.ProcessGroup, rank: int
-) -> tuple[Tensors, list[Any]]:
+) -> tuple[Tensors, list[Any], Callable[[], None] | None]:
     """Cached dispatch: send rows of ``x`` exactly as the dispatch that produced ``handle``."""
     plan, rank_prefix_matrix = plan_from_handle(handle)
     recv_counts = recv_counts_from(rank_prefix_matrix, rank)
-    outs, works = [], []
-    for part in _parts(x):
-        out, work = all_to_all_rows(part[plan.token_idx], recv_counts, plan.send_counts, group)
-        outs.append(out)
-        works.append(work)
-    return _like(x, outs), works
+    parts = [part[plan.token_idx] for part in _parts(x)]
+    if len(parts) == 1:
+        out, work = all_to_all_rows(parts[0], recv_counts, plan.send_counts, group)
+        return _like(x, [out]), [work], None
+    layout = rowpack.layout_of(parts)
+    recv, work = all_to_all_rows(rowpack.pack(parts, layout), recv_counts, plan.send_counts, group)
+    results = [p.new_empty((recv.shape[0], p.shape[1])) for p in parts]
+
+    def finalize() -> None:
+        for dst, src in zip(results, rowpack.views(recv, layout)):
+            dst.copy_(src)
+
+    return _like(x, results), [work], finalize
 
 
 def combine_rows(
@@ -173,24 +154,23 @@ def combine_rows(
     recv_counts = recv_counts_from(rank_prefix_matrix, rank)
     received = sum(recv_counts)
     num_tokens = handle[4].shape[0]
-    back, work = all_to_all_rows(x[:received], plan.send_counts, recv_counts, group)
-    works = [work]
+    parts = [x[:received]] + ([topk_weights[:received]] if topk_weights is not None else [])
+    layout = rowpack.layout_of(parts)
+    packed = rowpack.pack(parts, layout) if len(parts) > 1 else parts[0]
+    back, work = all_to_all_rows(packed, plan.send_counts, recv_counts, group)
     combined = x.new_empty((num_tokens, *x.shape[1:]))
-    back_w = combined_w = None
+    combined_w = None
     if topk_weights is not None:
-        back_w, work = all_to_all_rows(
-            topk_weights[:received], plan.send_counts, recv_counts, group
-        )
-        works.append(work)
         combined_w = topk_weights.new_empty((num_tokens, *topk_weights.shape[1:]))
     biases = _parts(bias) if bias is not None else ()
 
     def finalize() -> None:
-        _sum_into(combined, back, plan.token_idx, plan.send_counts, biases)
+        got = rowpack.views(back, layout) if len(parts) > 1 else [back]
+        _sum_into(combined, got[0], plan.token_idx, plan.send_counts, biases)
         if combined_w is not None:
-            _sum_into(combined_w, back_w, plan.token_idx, plan.send_counts, ())
+            _sum_into(combined_w, got[1], plan.token_idx, plan.send_counts, ())
 
-    return combined, combined_w, works, finalize, (x, back, back_w)
+    return combined, combined_w, [work], finalize, (packed, back)
 
 
 def _sum_into(

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+_device: list[str] = []  # the process's device type, probed once (it probes importlib each call)
+
 
 def _record_on_current_stream() -> Any:
     """A platform event recorded on the current stream, or None where streams do not exist."""
@@ -22,7 +24,9 @@ def _record_on_current_stream() -> Any:
         from titan_plugins import platform
     except ImportError:  # core not importable: behave like the CPU no-op event
         return None
-    if platform.device_type() == "cpu":
+    if not _device:
+        _device.append(platform.device_type())
+    if _device[0] == "cpu":
         return None
     event = platform.new_event()
     event.record()
