@@ -30,10 +30,15 @@ def _torch() -> Any:
     return torch
 
 
+_TORCH_MUSA_INSTALLED: list[bool] = []  # find_spec costs ~20 us; streams/events are hot paths
+
+
 def _musa_module() -> Any | None:
     torch = _torch()
     musa = getattr(torch, "musa", None)
-    if musa is None and importlib.util.find_spec("torch_musa") is not None:
+    if musa is None and not _TORCH_MUSA_INSTALLED:
+        _TORCH_MUSA_INSTALLED.append(importlib.util.find_spec("torch_musa") is not None)
+    if musa is None and _TORCH_MUSA_INSTALLED[0]:
         try:
             importlib.import_module("torch_musa")  # registers torch.musa
         except Exception:
