@@ -10,7 +10,9 @@ Activations: the schedule is simulated per pipeline rank with Megatron's warm-up
 ``pp - rank - 1``; interleaved: ``2 * (pp - rank - 1) + (vpp - 1) * pp``, +1 with EP A2A
 overlap), forward units in Megatron's chunk order, so the peak counts each chunk's own
 activations. Variants: as configured, ``fp8_blockwise`` storage, and ``act_offload`` (only the
-``resident`` most recent units keep their offloadable tensors on the device).
+``resident`` most recent units keep their offloadable tensors on the device: the forward in
+progress and the unit prefetched for the next backward; the plugin never moves the pre-norm
+inputs, the head, or tensors under 64 KiB).
 """
 
 from __future__ import annotations
@@ -66,18 +68,30 @@ def _chunk_entries(cfg: PlanConfig, chunk: Chunk) -> list[act.Entry]:
     return entries
 
 
+# Saved outside the blocks act_offload wraps (attention, MLP/MoE): the pre-norms save their inputs.
+_OUTSIDE_BLOCKS = {"attn_norm_input", "attn_norm_stats", "mlp_norm_input", "mlp_norm_stats"}
+ACT_OFFLOAD_MIN_BYTES = 64 * 2**10  # TITAN_ACT_OFFLOAD_MIN_BYTES default: smaller tensors stay
+
+
+def _offloadable(cfg: PlanConfig, entry: act.Entry, size: float) -> bool:
+    """Whether act_offload moves this saved tensor to the host (per-tensor size threshold)."""
+    if entry.module in ("embedding", "head") or entry.name in _OUTSIDE_BLOCKS:
+        return False
+    per_tensor = size / (cfg.experts // cfg.ep) if entry.name.startswith("expert_") else size
+    return per_tensor >= ACT_OFFLOAD_MIN_BYTES
+
+
 def _unit_bytes(cfg: PlanConfig, entries: list[act.Entry], fp8: bool) -> tuple[float, float]:
     """(device bytes, offloadable bytes) of one chunk for one microbatch."""
     megatron_off = set().union(*(_MEGATRON_OFFLOAD.get(m, set()) for m in cfg.offload_modules))
     total = offloadable = 0.0
     for e in entries:
         size = e.fp8_bytes() if fp8 else e.bytes
-        total += size
-        if e.module not in ("embedding", "head"):
-            offloadable += size
         if e.name in megatron_off:
-            total -= size  # megatron's own offloading keeps these on the host
-            offloadable -= size
+            continue  # megatron's own offloading keeps these on the host
+        total += size
+        if _offloadable(cfg, e, size):
+            offloadable += size
     return total, offloadable
 
 
