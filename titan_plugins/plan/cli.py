@@ -33,7 +33,11 @@ def parse_size(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="titan-plugins plan", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="titan-plugins plan",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("script", nargs="?", help="bash launch script running pretrain_gpt.py")
     p.add_argument("--world-size", type=int, help="number of GPUs (default: from torchrun args)")
     p.add_argument("--device-memory", help="memory per GPU, e.g. 80GB: report whether it fits")

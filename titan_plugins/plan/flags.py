@@ -19,7 +19,13 @@ class PlanError(ValueError):
 @lru_cache(maxsize=1)
 def megatron_flags() -> dict[str, str]:
     """Map of every Megatron-LM flag (``--name``) to its nargs ("0", "1", "*", "+" or a count)."""
-    text = resources.files(__package__).joinpath("megatron_flags.txt").read_text()
+    try:
+        text = resources.files(__package__).joinpath("megatron_flags.txt").read_text()
+    except FileNotFoundError:
+        raise PlanError(
+            "titan_plugins/plan/megatron_flags.txt is missing: reinstall titan-plugins "
+            "(it is package data of titan_plugins.plan)"
+        ) from None
     table = {}
     for line in text.splitlines():
         if line.strip() and not line.startswith("#"):
