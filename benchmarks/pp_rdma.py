@@ -150,21 +150,25 @@ def pp2_step_time(reps: int, hidden: int) -> None:
     """Section 3: tiny GPT PP=2 x VPP=2 step time, plugin (Mooncake) vs off (gloo)."""
     from titan_plugins.testing.workers import GlooWorkerPool
 
-    env = {"TITAN_PP_RDMA_BACKEND": "mooncake"}
+    runs = {
+        "gloo (plugin off)": None,
+        "mooncake": {"TITAN_PP_RDMA_BACKEND": "mooncake"},
+        "torch fallback (plugin on)": {"TITAN_PP_RDMA_BACKEND": "torch"},
+    }
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    losses: dict[str, list] = {}
     with GlooWorkerPool(2) as pool:
-        times: dict[str, list[float]] = {"gloo": [], "mooncake": []}
-        losses: dict[str, list] = {}
         for _ in range(reps):
-            for name, e in (("gloo", None), ("mooncake", env)):
-                out = pool.run(step_task, e, 3, hidden, timeout=600)
+            for name, env in runs.items():
+                out = pool.run(step_task, env, 3, hidden, timeout=600)
                 times[name].append(max(r["s_per_step"] for r in out))
                 losses[name] = out[1]["losses"]
-    g, m = statistics.median(times["gloo"]), statistics.median(times["mooncake"])
-    same = "bit-identical losses" if losses["gloo"] == losses["mooncake"] else "LOSSES DIFFER"
+    base = statistics.median(times["gloo (plugin off)"])
     print(f"\nPP=2 x VPP=2 tiny GPT (hidden {hidden}, 8 microbatches), median of {reps}:")
-    print(
-        f"  gloo {g * 1e3:7.1f} ms/step  mooncake {m * 1e3:7.1f} ms/step  ratio {g / m:5.2f}x  ({same})"
-    )
+    for name in runs:
+        t = statistics.median(times[name])
+        same = "same losses" if losses[name] == losses["gloo (plugin off)"] else "LOSSES DIFFER"
+        print(f"  {name:28s} {t * 1e3:7.1f} ms/step  ratio {base / t:5.2f}x  ({same})")
 
 
 def _gpu_worker(rank: int, port: int, sizes: list[int], reps: int, q: Any) -> None:
@@ -226,6 +230,7 @@ def main() -> None:
     parser.add_argument("--sizes-kib", type=int, nargs="+", default=list(SIZES_KIB))
     parser.add_argument("--hidden", type=int, default=256, help="tiny GPT hidden size (PP=2 run)")
     parser.add_argument("--skip-megatron", action="store_true")
+    parser.add_argument("--skip-loopback", action="store_true")
     args = parser.parse_args()
     from titan_pp_rdma.probe import probe_mooncake
 
@@ -233,7 +238,8 @@ def main() -> None:
     if not probe.available:
         raise SystemExit(f"Mooncake unavailable: {probe.detail}; fix: {probe.fix}")
     sizes = [k << 10 for k in args.sizes_kib]
-    loopback(sizes, args.reps, args.window)
+    if not args.skip_loopback:
+        loopback(sizes, args.reps, args.window)
     if not args.skip_megatron:
         pp2_step_time(max(1, args.reps // 2), args.hidden)
     gpu_rdma_section(sizes, args.reps)

@@ -124,6 +124,8 @@ def test_pp2_vpp2_mooncake_fixes_batched_order_and_overlap_free(gloo_pool2: Any)
     assert_identical(
         _run(gloo_pool2, 2, 2, MOONCAKE_ENV, REFERENCE), ref, "VPP unbatched, Mooncake"
     )
+    variable = dict(BATCHED, variable_seq_lengths=True)  # shapes exchanged per message
+    assert_identical(_run(gloo_pool2, 2, 2, MOONCAKE_ENV, variable), ref, "VPP variable seq")
     ring = _run(gloo_pool2, 2, 2, RING_ENV, OVERLAP)
     assert "ring buffers" in ring[0]["report"]["why"]
     assert_identical(ring, ref, "VPP overlap, Mooncake ring buffers")

@@ -92,3 +92,16 @@ def test_forced_torch_backend_is_reported(monkeypatch: pytest.MonkeyPatch) -> No
     assert state["backend"] == "torch" and "TITAN_PP_RDMA_BACKEND=torch" in state["why"]
     checks = {c.name: c for c in report.doctor_checks()}
     assert checks["pp_rdma.backend"].status == "ok"
+
+
+def test_held_work_bounds_the_wait_and_releases_storage() -> None:
+    seen: list[Any] = []
+
+    class FakeWork:
+        def wait(self, timeout: Any = None) -> bool:
+            seen.append(timeout)
+            return True
+
+    held = torch_p2p.HeldWork(FakeWork(), keep=(torch.ones(2),), timeout_s=7)
+    assert held.wait()
+    assert seen[0].total_seconds() == 7 and held._keep == ()

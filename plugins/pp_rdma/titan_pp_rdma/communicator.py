@@ -119,14 +119,42 @@ def build_communicator_class(base: type) -> type:
                 prev_pipeline_rank=self.prev_rank,
                 next_pipeline_rank=self.next_rank,
             )
+            timeout_s = session.settings.timeout_s
             if self.config.batch_p2p_comm:
-                works = batched_p2p_ops_fixed(**kwargs)
+                works = batched_p2p_ops_fixed(**kwargs, timeout_s=timeout_s)
                 return {f"op{i}": w for i, w in enumerate(works)}
             # Upstream's unbatched ops are order-safe (separate groups per direction for PP=2);
             # only the send storage needs pinning.
             works = p2p_communication._p2p_ops(**kwargs)
             keep = {"send_next": (send_next,), "send_prev": (send_prev,)}
-            return {name: HeldWork(w, keep.get(name, ())) for name, w in works.items()}
+            return {n: HeldWork(w, keep.get(n, ()), timeout_s) for n, w in works.items()}
+
+        def _communicate_shapes(
+            self, tensor_send_next: Any, tensor_send_prev: Any, recv_prev: bool, recv_next: bool
+        ) -> tuple[list[int], list[int]]:
+            """Upstream's shape exchange (``variable_seq_lengths``) with the PP=2-safe order."""
+            device = _device()
+
+            def shape_of(t: torch.Tensor | None) -> torch.Tensor | None:
+                return None if t is None else torch.tensor(t.size(), device=device)
+
+            recv_prev_t = torch.empty(3, dtype=torch.int64, device=device) if recv_prev else None
+            recv_next_t = torch.empty(3, dtype=torch.int64, device=device) if recv_next else None
+            works = batched_p2p_ops_fixed(
+                tensor_send_prev=shape_of(tensor_send_prev),
+                tensor_recv_prev=recv_prev_t,
+                tensor_send_next=shape_of(tensor_send_next),
+                tensor_recv_next=recv_next_t,
+                group=self.pp_group,
+                prev_pipeline_rank=self.prev_rank,
+                next_pipeline_rank=self.next_rank,
+            )
+            for work in works:
+                work.wait()
+            return (
+                recv_prev_t.tolist() if recv_prev_t is not None else [0, 0, 0],
+                recv_next_t.tolist() if recv_next_t is not None else [0, 0, 0],
+            )
 
     _CLASSES[base] = PPRdmaP2PCommunicator
     return PPRdmaP2PCommunicator

@@ -104,6 +104,19 @@ class MooncakeEngine:
             self.session_id = local_name
         self._registered: dict[int, int] = {}
         self._mailbox = self.register(torch.zeros(_MAILBOX_BYTES, dtype=torch.uint8))
+        # Notifications of every session of this process arrive here; each session takes its own.
+        self._inbox: dict[str, list[tuple[str, str]]] = {}
+        self._closed_tags: set[str] = set()
+        self._notifier: Any = None
+
+    @property
+    def notifier(self) -> Any:
+        """The process-wide notification thread (started on first use)."""
+        if self._notifier is None:
+            from titan_pp_rdma.notifier import Notifier
+
+            self._notifier = Notifier(self)
+        return self._notifier
 
     @property
     def address(self) -> PeerAddress:
@@ -160,9 +173,22 @@ class MooncakeEngine:
                 "the peer process died or its address is unreachable"
             )
 
-    def poll(self) -> list[tuple[str, str]]:
-        """Notifications received since the last poll, oldest first."""
-        return [(n.name, n.msg) for n in self._te.get_notifies()]
+    def poll(self, tag: str) -> list[tuple[str, str]]:
+        """``(sender, msg)`` notifications for session ``tag``, oldest first.
+
+        Names are ``"<tag>/<sender rank>"``; notifications of other live sessions are kept for
+        them, those of closed sessions dropped.
+        """
+        for n in self._te.get_notifies():
+            their_tag, _, sender = n.name.rpartition("/")
+            if their_tag not in self._closed_tags:
+                self._inbox.setdefault(their_tag, []).append((sender, n.msg))
+        return self._inbox.pop(tag, [])
+
+    def close_tag(self, tag: str) -> None:
+        """Drop a closed session's pending and future notifications."""
+        self._closed_tags.add(tag)
+        self._inbox.pop(tag, None)
 
     def close(self) -> None:
         """Unregister every buffer (the engine itself lives until the process exits)."""

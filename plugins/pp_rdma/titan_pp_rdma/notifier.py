@@ -19,23 +19,19 @@ SEPARATOR = "\x1e"  # ASCII record separator: never in our fields or error texts
 
 
 class Notifier:
-    """FIFO of ``(peer, name, msg)`` drained by one daemon thread; errors surface on ``check``."""
+    """FIFO of ``(peer, name, msg)`` drained by one daemon thread per process."""
 
     def __init__(self, engine: Any) -> None:
         self._engine = engine
         self._queue: queue.SimpleQueue[tuple[PeerAddress, str, str]] = queue.SimpleQueue()
-        self.error: PPRdmaError | None = None
+        # First failure per peer segment (e.g. the peer died): its sessions raise it.
+        self.errors: dict[str, PPRdmaError] = {}
         self._thread = threading.Thread(target=self._run, name="pp_rdma-notify", daemon=True)
         self._thread.start()
 
     def post(self, peer: PeerAddress, name: str, msg: str) -> None:
         """Queue a notification (returns at once)."""
         self._queue.put((peer, name, msg))
-
-    def check(self) -> None:
-        """Raise the first error the thread hit (e.g. the peer is gone)."""
-        if self.error is not None:
-            raise self.error
 
     def _run(self) -> None:
         while True:
@@ -52,5 +48,4 @@ class Notifier:
                 try:
                     self._engine.notify(peer, name, SEPARATOR.join(msgs))
                 except PPRdmaError as exc:
-                    if self.error is None:
-                        self.error = exc
+                    self.errors.setdefault(peer.session_id, exc)

@@ -73,11 +73,16 @@ def _device() -> torch.device:
 
 
 def _store() -> Any:
-    return dist.distributed_c10d._get_default_store()
+    getter = getattr(dist.distributed_c10d, "_get_default_store", None)
+    return getter() if getter is not None else None
 
 
-def _exchange(prefix: str, me: int, ranks: tuple[int, ...], record: dict, timeout_s: float):
+def _exchange(prefix: str, me: int, ranks: tuple[int, ...], record: dict, timeout_s: float, group):
     store = _store()
+    if store is None:  # a torch without the private getter: a collective, unbounded in time
+        gathered: list[Any] = [None] * len(ranks)
+        dist.all_gather_object(gathered, record, group=group)
+        return dict(zip(ranks, gathered, strict=True))
     store.set(f"{prefix}/{me}", json.dumps(record))
     keys = [f"{prefix}/{r}" for r in ranks]
     try:
@@ -122,7 +127,7 @@ def open_session(pp_group: Any, settings: PPRdmaSettings | None = None) -> Sessi
         n = STATE.opened.get(ranks, 0)
         STATE.opened[ranks] = n + 1
         prefix = f"titan_pp_rdma/{'-'.join(map(str, ranks))}/{n}"
-        records = _exchange(prefix, me, ranks, record, settings.timeout_s)
+        records = _exchange(prefix, me, ranks, record, settings.timeout_s, pp_group)
         refusing = {
             r: rec.get("why", "") for r, rec in records.items() if rec["backend"] != "mooncake"
         }

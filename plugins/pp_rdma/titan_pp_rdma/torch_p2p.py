@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -20,14 +21,22 @@ import torch.distributed as dist
 
 
 class HeldWork:
-    """A torch.distributed Work that also pins the tensors it reads until ``wait()``."""
+    """A torch.distributed Work that pins the tensors it reads until ``wait()``.
 
-    def __init__(self, work: Any, keep: tuple[torch.Tensor, ...] = ()) -> None:
+    ``wait()`` without an argument waits at most ``timeout_s`` (``TITAN_PP_RDMA_TIMEOUT_S``)
+    instead of the process group's timeout, so a dead peer fails the step in bounded time.
+    """
+
+    def __init__(
+        self, work: Any, keep: tuple[torch.Tensor | None, ...] = (), timeout_s: float | None = None
+    ) -> None:
         self._work = work
-        self._keep: tuple[torch.Tensor, ...] = keep
+        self._keep = keep
+        self._timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
 
     def wait(self, timeout: Any = None) -> bool:
         """Wait for the underlying work, then release the pinned storage."""
+        timeout = timeout if timeout is not None else self._timeout
         result = self._work.wait() if timeout is None else self._work.wait(timeout)
         self._keep = ()
         return result
@@ -51,6 +60,7 @@ def batched_p2p_ops_fixed(
     group: Any,
     prev_pipeline_rank: int,
     next_pipeline_rank: int,
+    timeout_s: float | None = None,
 ) -> list[Any]:
     """Drop-in for megatron's ``_batched_p2p_ops`` with an order that is FIFO-safe for PP=2."""
     plan = (
@@ -63,4 +73,4 @@ def batched_p2p_ops_fixed(
     if not ops:
         return []
     keep = tuple(t for _, t, _ in plan[:2] if t is not None)
-    return [HeldWork(w, keep) for w in dist.batch_isend_irecv(ops)]
+    return [HeldWork(w, keep, timeout_s) for w in dist.batch_isend_irecv(ops)]

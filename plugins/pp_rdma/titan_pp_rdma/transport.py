@@ -30,7 +30,7 @@ import torch
 from titan_pp_rdma.buffers import SlotPool, record_event
 from titan_pp_rdma.errors import PPRdmaError, PPRdmaMismatch, PPRdmaTimeout
 from titan_pp_rdma.mooncake_engine import PeerAddress
-from titan_pp_rdma.notifier import SEPARATOR, Notifier
+from titan_pp_rdma.notifier import SEPARATOR
 from titan_pp_rdma.ops import Link, Op, RecvOp, SendOp
 from titan_pp_rdma.wire import CHANNEL_NAMES, FWD, decode, describe_key, encode
 
@@ -66,7 +66,7 @@ class MooncakeTransport:
         self.links = {peer: Link(addr) for peer, addr in peers.items()}
         self.error: PPRdmaError | None = None
         self._name = f"{tag}/{rank}"
-        self._notifier = Notifier(engine)
+        self._notifier = engine.notifier
 
     def _notify(self, link: Link, *fields: object) -> None:
         self._notifier.post(link.address, self._name, encode(*fields))
@@ -171,12 +171,13 @@ class MooncakeTransport:
     def progress(self) -> None:
         """Handle every arrived notification and advance every posted receive once."""
         self._check()
-        if self._notifier.error is not None:
-            self.error = PPRdmaError(f"pp_rdma: rank {self.rank}: {self._notifier.error}")
-            raise self.error
-        for name, batch in self.engine.poll():
-            tag, _, sender = name.rpartition("/")
-            if tag == self.tag and int(sender) in self.links:
+        for peer, link in self.links.items():
+            failed = self._notifier.errors.get(link.address.session_id)
+            if failed is not None:
+                self.error = PPRdmaError(f"pp_rdma: rank {self.rank} -> rank {peer}: {failed}")
+                raise self.error
+        for sender, batch in self.engine.poll(self.tag):
+            if int(sender) in self.links:
                 for msg in batch.split(SEPARATOR):
                     self._on_message(int(sender), decode(msg))
         for link in self.links.values():
@@ -244,3 +245,4 @@ class MooncakeTransport:
         """Forget all peers; the transport must not be used afterwards."""
         self.links.clear()
         self.error = PPRdmaError("pp_rdma: transport closed")
+        self.engine.close_tag(self.tag)
