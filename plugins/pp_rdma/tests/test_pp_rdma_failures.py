@@ -1,8 +1,9 @@
-"""Failure behaviour: clear errors, bounded in time, never a hang.
+"""Sessions and failures: clear errors, bounded in time, never a hang.
 
 - shape / dtype mismatch between stages, through the real communicator (shared gloo pool);
 - a peer that never joins the handshake, and a peer killed mid-step (a separate process pair,
-  so the shared pool is not disturbed): the survivor raises within TITAN_PP_RDMA_TIMEOUT_S.
+  so the shared pool is not disturbed): the survivor raises within TITAN_PP_RDMA_TIMEOUT_S;
+- the optional metadata-server mode (Mooncake's HTTP server) instead of P2PHANDSHAKE.
 """
 
 from __future__ import annotations
@@ -98,15 +99,29 @@ def pair_main(scenario: str, rank: int, port: int) -> None:
     import torch.distributed as dist
     from titan_pp_rdma.session import open_session
     from titan_pp_rdma.settings import PPRdmaSettings
-    from titan_pp_rdma.wire import FWD
+    from titan_pp_rdma.wire import BWD, FWD
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    settings = PPRdmaSettings(backend="mooncake", timeout_s=TIMEOUT_S)
+    metadata = os.environ.get("TITAN_PP_RDMA_METADATA", "P2PHANDSHAKE")
+    settings = PPRdmaSettings(backend="mooncake", timeout_s=TIMEOUT_S, metadata=metadata)
     result: dict[str, Any] = {"rank": rank}
     start = time.monotonic()
     try:
-        if scenario == "never_joins" and rank == 1:
+        if scenario == "exchange":  # both directions at once, as a PP=2 stage pair does
+            session = open_session(dist.group.WORLD, settings)
+            result["why"] = session.why
+            x = torch.arange(4096, dtype=torch.float32) * (rank + 1)
+            for step in range(3):
+                y = torch.empty(4096)
+                ch_out, ch_in = (FWD, BWD) if rank == 0 else (BWD, FWD)
+                ops = [session.transport.isend(x + step, 1 - rank, ch_out)]
+                ops.append(session.transport.irecv(y, 1 - rank, ch_in))
+                for op in ops:
+                    op.wait()
+                assert y.equal(torch.arange(4096, dtype=torch.float32) * (2 - rank) + step)
+            result["ok"] = True
+        elif scenario == "never_joins" and rank == 1:
             time.sleep(TIMEOUT_S + 3)  # alive, but never starts the pipeline
         else:
             tr = open_session(dist.group.WORLD, settings).transport
@@ -135,9 +150,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_pair(scenario: str) -> list[dict]:
+def _run_pair(scenario: str, **extra_env: str) -> list[dict]:
     port = _free_port()
-    env = {**os.environ, "MC_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "MC_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1", **extra_env}
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, scenario, str(rank), str(port)],
@@ -170,6 +185,36 @@ def test_peer_killed_mid_step_raises_within_timeout() -> None:
     assert "receive from rank 0" in survivor["error"], survivor
     assert "never announced the tensor" in survivor["error"], survivor
     assert TIMEOUT_S - 0.1 < survivor["elapsed"] < TIMEOUT_S + 2
+
+
+def test_http_metadata_server_session() -> None:
+    """The optional metadata mode: Mooncake's bundled HTTP server instead of P2PHANDSHAKE."""
+    server_bin = os.path.join(os.path.dirname(sys.executable), "mooncake_http_metadata_server")
+    if not os.path.exists(server_bin):
+        pytest.skip(f"{server_bin} not installed with this Mooncake wheel")
+    port = _free_port()
+    server = subprocess.Popen(
+        [server_bin, "--host", "127.0.0.1", "--port", str(port), "--log-level", "ERROR"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "metadata server did not start"
+                time.sleep(0.2)
+        url = f"http://127.0.0.1:{port}/metadata"
+        results = _run_pair("exchange", TITAN_PP_RDMA_METADATA=url)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    for result in results:
+        assert result.get("ok"), result
+        assert url in result["why"], result
 
 
 if __name__ == "__main__":
