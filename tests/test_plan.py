@@ -11,7 +11,6 @@ import pytest
 from titan_plugins.plan.cli import main, plan_from_argv
 from titan_plugins.plan.flags import PlanError, parse_flags
 from titan_plugins.plan.from_flags import build_config
-from titan_plugins.plan.layout import parse_layout
 from titan_plugins.plan.memory import schedule_units, stage_memory
 from titan_plugins.plan.script import read_launch_script
 
@@ -123,14 +122,6 @@ def test_main_json_output(capsys: pytest.CaptureFixture[str]) -> None:
     rep = json.loads(capsys.readouterr().out)
     assert rep["mfu"] == pytest.approx(rep["flops_per_step"] / 2e12)
     assert len(rep["stages"]) == 1
-
-
-def test_layout_grammar_matches_megatron() -> None:
-    layout = pytest.importorskip("megatron.core.transformer.pipeline_parallel_layer_layout")
-    for text in ("Et|(tt|)*30L", "Ettt|(tt|)*29,m|L", "E|t*3|(t|)*2L"):
-        ours = parse_layout(text)
-        theirs = layout.PipelineParallelLayerLayout.parse_str_to_list(text)
-        assert [len(s) for s in ours] == [len(s) for s in theirs]
 
 
 @pytest.mark.parametrize(

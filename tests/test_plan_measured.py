@@ -11,6 +11,7 @@ import pytest
 
 from titan_plugins.plan.flags import parse_flags
 from titan_plugins.plan.from_flags import build_config
+from titan_plugins.plan.layout import parse_layout
 from titan_plugins.plan.memory import stage_memory
 
 BASE = (
@@ -336,3 +337,23 @@ def test_plan_fp8_storage_matches_the_fp8_blockwise_plugin(gloo_pool2) -> None:
     for rank in ranks:
         assert abs(rank["activation_bytes"] / stage.act_per_microbatch - 1) < 0.10, rank
         assert rank["param_bytes"] == stage.param_bytes
+
+
+LAYOUTS = ("Et|(tt|)*30L", "Ettt|(tt|)*29,m|L", "E|t*3|(t|)*2L")
+
+
+def megatron_layouts(layouts: tuple[str, ...]) -> list[list[int]]:
+    """Worker task: layers per stage as megatron-core parses each layout string."""
+    from megatron.core.transformer.pipeline_parallel_layer_layout import (
+        PipelineParallelLayerLayout,
+    )
+
+    return [
+        [len(stage) for stage in PipelineParallelLayerLayout.parse_str_to_list(text)]
+        for text in layouts
+    ]
+
+
+def test_layout_grammar_matches_megatron(gloo_pool2) -> None:
+    theirs = gloo_pool2.run(megatron_layouts, LAYOUTS, timeout=60)[0]
+    assert [[len(stage) for stage in parse_layout(text)] for text in LAYOUTS] == theirs
