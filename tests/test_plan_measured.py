@@ -50,20 +50,21 @@ CASES = {
 }
 
 
-def measure(overrides: dict, position: str, plugin: str | None = None) -> dict:
+def measure(overrides: dict, position: str, plugin: str | None = None, ep: int = 1) -> dict:
     """Worker task: build, run one step, return measured bytes (params, grads, optim, acts).
 
-    ``plugin``: run with that installed Titan plugin active (``plugin_active``).
+    ``plugin``: run with that installed Titan plugin active (``plugin_active``); ``ep``: expert
+    parallel size (experts split over the ranks, expert DP = world / EP).
     """
     import contextlib
 
     from titan_plugins.testing import plugin_active
 
     with plugin_active(plugin) if plugin else contextlib.nullcontext():
-        return _measure(overrides, position)
+        return _measure(overrides, position, ep)
 
 
-def _measure(overrides: dict, position: str) -> dict:
+def _measure(overrides: dict, position: str, ep: int) -> dict:
     import torch
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
@@ -77,7 +78,7 @@ def _measure(overrides: dict, position: str) -> dict:
 
     from titan_plugins.testing import tiny_gpt
 
-    tiny_gpt.init_parallel()
+    tiny_gpt.init_parallel(ep=ep)
     overrides = dict(overrides)
     if overrides.get("params_dtype") == "bf16":
         overrides["params_dtype"] = torch.bfloat16
@@ -357,3 +358,20 @@ def megatron_layouts(layouts: tuple[str, ...]) -> list[list[int]]:
 def test_layout_grammar_matches_megatron(gloo_pool2) -> None:
     theirs = gloo_pool2.run(megatron_layouts, LAYOUTS, timeout=60)[0]
     assert [[len(stage) for stage in parse_layout(text)] for text in LAYOUTS] == theirs
+
+
+def test_plan_matches_measured_memory_with_expert_parallelism(gloo_pool2) -> None:
+    """EP=2 on 2 ranks: each rank holds 2 of 4 experts; dense ZeRO-1 over DP 2, experts over
+    expert-DP 1. Routing decides each rank's expert tokens, so activations are compared summed."""
+    ranks = gloo_pool2.run(measure, {}, "learned_absolute", None, 2, timeout=240)
+    flags = BASE + ["--expert-model-parallel-size", "2"]
+    stage = stage_memory(build_config(parse_flags(flags), world=2))[0]
+    assert (
+        stage.params.expert * 2 == stage_memory(build_config(parse_flags(BASE), 2))[0].params.expert
+    )
+    for rank in ranks:
+        assert rank["params"] == stage.params.total
+        assert rank["grad_bytes"] == stage.grad_bytes
+    assert sum(r["optimizer_bytes"] for r in ranks) == 2 * stage.optimizer_bytes
+    measured = sum(r["activation_bytes"] for r in ranks)
+    assert abs(measured / (2 * stage.act_per_microbatch) - 1) < 0.10, measured
