@@ -35,6 +35,8 @@ class Launch:
 
 
 class _Shell:
+    """Variables and the bash-subset lexer that expands them."""
+
     def __init__(self, env: dict[str, str]):
         self.vars: dict[str, str | list[str]] = dict(env)
         self.notes: list[str] = []
@@ -72,7 +74,7 @@ class _Shell:
         except SyntaxError as exc:
             raise PlanError(f"cannot evaluate $(({expr})) in the launch script") from exc
 
-    def _braced(self, body: str, in_quotes: bool) -> list[str] | str:
+    def _braced(self, body: str) -> list[str] | str:
         """Expand ``${...}``; a list means separate words (``${A[@]}``)."""
         m = re.fullmatch(rf"({_NAME})\[[@*]\]", body)
         if m:
@@ -86,7 +88,7 @@ class _Shell:
         if op is None:
             return value or ""
         unset = value is None or (op.startswith(":") and value == "")
-        word_value = self.expand_text(word, in_quotes=True)
+        word_value = self.expand_text(word)
         if op.endswith("-"):
             return word_value if unset else value
         if op.endswith("="):
@@ -96,12 +98,12 @@ class _Shell:
             return value
         return "" if unset else word_value  # ":+" / "+"
 
-    def expand_text(self, text: str, in_quotes: bool) -> str:
+    def expand_text(self, text: str) -> str:
         """Expand all ``$`` constructs and quotes of ``text`` into one string (no splitting)."""
         return "".join(self.lex(text, split=False))
 
     # -- lexing ----------------------------------------------------------------------------------
-    def _dollar(self, s: str, i: int, quoted: bool) -> tuple[list[str] | str, int]:
+    def _dollar(self, s: str, i: int) -> tuple[list[str] | str, int]:
         if s.startswith("$((", i):
             end = s.find("))", i)
             if end < 0:
@@ -115,13 +117,12 @@ class _Shell:
             self.notes.append(f"command substitution {s[i:j]} is not run; expanded to ''")
             return "", j
         if s.startswith("${", i):
-            end = s.find("}", i)
             depth, j = 1, i + 2
             while j < len(s) and depth:
                 depth += {"{": 1, "}": -1}.get(s[j], 0)
                 j += 1
             end = j - 1
-            return self._braced(s[i + 2 : end], quoted), end + 1
+            return self._braced(s[i + 2 : end]), end + 1
         m = re.compile(_NAME + r"|[0-9#@*?$]").match(s, i + 1)
         if not m:
             return "$", i + 1
@@ -168,7 +169,7 @@ class _Shell:
                         cur.append(s[i + 1])
                         i += 2
                     elif s[i] == "$":
-                        value, i = self._dollar(s, i, quoted=True)
+                        value, i = self._dollar(s, i)
                         if isinstance(value, list):  # "${A[@]}": one word per element
                             if value:
                                 cur.append(value[0])
@@ -182,7 +183,7 @@ class _Shell:
                         i += 1
                 i += 1
             elif c == "$":
-                value, i = self._dollar(s, i, quoted=False)
+                value, i = self._dollar(s, i)
                 parts = value if isinstance(value, list) else value.split() if split else [value]
                 in_assignment = bool(re.match(rf"^{_NAME}\+?=", "".join(cur)))
                 if isinstance(value, str) and (not split or in_assignment):
