@@ -104,6 +104,17 @@ def test_unknown_flag_is_named_with_suggestion() -> None:
         (["--hidden-size"], "--hidden-size needs a value"),
         (["--swiglu", "yes"], "--swiglu is a switch"),
         (["--tensor-model-parallel-size", "5"], "--tensor/--pipeline/--expert-model-parallel"),
+        (
+            [
+                "--pipeline-model-parallel-size",
+                "2",
+                "--num-virtual-stages-per-pipeline-rank",
+                "2",
+                "--global-batch-size",
+                "12",
+            ],
+            "--global-batch-size 12 gives 1",
+        ),
     ],
 )
 def test_bad_input_names_the_flag(extra: list[str], named: str) -> None:

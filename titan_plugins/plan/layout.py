@@ -128,4 +128,10 @@ def pipeline_chunks(cfg: PlanConfig) -> list[list[Chunk]]:
             f"--num-virtual-stages-per-pipeline-rank says {cfg.vpp}"
         )
     cfg.vpp = vpp
+    if vpp > 1 and cfg.num_microbatches < cfg.pp:
+        raise PlanError(
+            f"the interleaved schedule needs at least PP={cfg.pp} microbatches per step; "
+            f"--global-batch-size {cfg.gbs} gives {cfg.num_microbatches} "
+            f"(= GBS / (MBS {cfg.mbs} * DP {cfg.dp}))"
+        )
     return [[chunks[c * cfg.pp + r] for c in range(vpp)] for r in range(cfg.pp)]

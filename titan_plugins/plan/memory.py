@@ -106,15 +106,15 @@ def schedule_units(cfg: PlanConfig, rank: int, ep_overlap: bool = False) -> tupl
     else:
         warmup = 2 * (pp - rank - 1) + (vpp - 1) * pp + int(ep_overlap)
     warmup = min(warmup, total)
+    # Megatron's schedule table: microbatches in groups of ``pp`` (the last group takes the rest),
+    # each group through every chunk in turn; backward runs the chunks in reverse.
     group = pp if vpp > 1 else 1
-
-    def unit(k: int, backward: bool) -> tuple[int, int]:
-        chunk = (k // group) % vpp
-        mb = (k // (group * vpp)) * group + k % group
-        return (vpp - 1 - chunk if backward else chunk, mb)
-
-    forward = [unit(k, False) for k in range(total)]
-    backward = [unit(k, True) for k in range(total)]
+    table: list[tuple[int, int]] = []
+    for start in range(0, nmb, group):
+        end = nmb if start + group >= nmb else start + group
+        table += [(chunk, mb) for chunk in range(vpp) for mb in range(start, end)]
+    forward = table
+    backward = [(vpp - 1 - chunk, mb) for chunk, mb in table]
     return forward, backward, warmup
 
 
