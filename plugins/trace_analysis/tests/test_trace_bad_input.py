@@ -86,11 +86,12 @@ def test_reader_recovers_events_cut_inside_strings(tmp_path: Path):
         {"ph": "X", "cat": "kernel", "name": "k<{a}, {b}>", "ts": 1, "dur": 2, "args": {}},
         {"ph": "X", "cat": "cpu_op", "name": "op", "ts": 1, "dur": 2, "args": {"l": [{"a": 1}, {"b": 2}]}},
         {"ph": "X", "cat": "kernel", "name": "k2", "ts": 5, "dur": 1, "args": {"stream": 7}},
+        {"name": "k3<{c}, {d}>", "ph": "X", "cat": "kernel", "ts": 7, "dur": 1, "args": {}},
     ]  # fmt: skip
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": events, "distributedInfo": {"rank": 3}}))
     reader = TraceReader(str(path))
     got = [e["name"] for e in reader.events()]
-    assert got == ["k<{a}, {b}>", "k2"]
+    assert got == ["k<{a}, {b}>", "k2", "k3<{c}, {d}>"]  # cut before and after "cat"
     assert reader.bad_events == 0
     assert reader.header["distributedInfo"]["rank"] == 3  # metadata after the events is read

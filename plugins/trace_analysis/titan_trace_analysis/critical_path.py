@@ -12,12 +12,12 @@ or host/launch gaps.
 
 from __future__ import annotations
 
-import json
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from typing import Any
 
 from .kinds import PP_RECV, PP_SEND
+from .reader import loads
 
 EPS = 0.5  # us; Kineto timestamps are 1 us (older) or 1 ns resolution
 
@@ -65,8 +65,8 @@ class Timelines:
         tl = None
         path = self.paths.get(rank)
         if path:
-            with open(path) as fh:
-                raw = json.load(fh)
+            with open(path, "rb") as fh:
+                raw = loads(fh.read())
             for k, v in raw["keys"].items():
                 self.keys.setdefault(k, v)
             if self.step in raw["steps"]:

@@ -20,14 +20,30 @@ from typing import Any
 try:  # optional speed-up; the stdlib parser gives the same results
     import orjson
 
-    _loads = orjson.loads
+    loads = orjson.loads
     _JSONError: tuple[type[Exception], ...] = (orjson.JSONDecodeError, ValueError)
+
+    def dumps(obj: Any) -> bytes:
+        """JSON bytes of ``obj`` (orjson when installed)."""
+        return orjson.dumps(obj)
+
 except ImportError:  # pragma: no cover - exercised only where orjson is absent
-    _loads = json.loads
+    loads = json.loads
     _JSONError = (ValueError,)
+
+    def dumps(obj: Any) -> bytes:
+        """JSON bytes of ``obj`` (orjson when installed)."""
+        return json.dumps(obj).encode()
+
 
 SEP = re.compile(rb"(\}\s*,\s*\{)")  # captured: a rejoin restores the exact text
 CAT = re.compile(rb'"cat"\s*:\s*"([^"]*)"')
+# one regex call per event decides; ProfilerStep annotations are found by a scan of the chunk
+WANTED = re.compile(
+    rb'"cat"\s*:\s*"(?:kernel|gpu_memcpy|gpu_memset|cuda_runtime|cuda_driver|musa_runtime|musa_driver)"'
+)
+STEP_MARK = b"ProfilerStep#"
+HOLD = 4
 ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[\s*')
 ARRAY_END = re.compile(rb"\}\s*\]")
 CHUNK = 1 << 20
@@ -108,48 +124,66 @@ class TraceReader:
                     buf = buf[1:]
                     in_array = True
                 if chunk:
+                    has_step = STEP_MARK in buf
                     parts = SEP.split(buf)  # piece, separator, piece, ..., remainder
-                    buf = parts.pop()
-                    yield from self._parse(parts)
+                    # hold the last HOLD pieces back: a rejoin may need them as context
+                    keep = min(len(parts), 2 * HOLD + 1)
+                    yield from self._parse(parts, has_step, (len(parts) - keep + 1) // 2)
+                    buf = b"".join(parts[len(parts) - keep :])
                 else:
                     yield from self._finish(buf)
                     return
 
-    def _parse(self, parts: list[bytes]) -> Iterator[dict[str, Any]]:
+    def _parse(
+        self, parts: list[bytes], has_step: bool, limit: int | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Events of ``parts`` (piece, separator, piece, ...) among the first ``limit`` pieces."""
         pieces, seps = parts[0::2], parts[1::2]
-        self.n_events += len(pieces)
-        i, n = 0, len(pieces)
-        while i < n:
-            p = pieces[i]
-            if _is_wanted(p):
+        n = len(pieces) if limit is None else limit
+        self.n_events += n
+        selected = list(filter(WANTED.search, pieces[:n]))
+        if has_step:
+            selected += [p for p in pieces[:n] if STEP_MARK in p and not WANTED.search(p)]
+        consumed: set[int] = set()
+        for p in selected:
+            try:
+                yield loads(b"{" + p + b"}")
+            except _JSONError:
+                i = pieces.index(p)
+                if i in consumed:
+                    continue
+                ev = self._rejoin(pieces, seps, i, consumed)
+                if ev is None:
+                    self.bad_events += 1
+                elif _is_wanted(b"".join(pieces[min(consumed) : max(consumed) + 1])):
+                    yield ev
+
+    def _rejoin(
+        self, pieces: list[bytes], seps: list[bytes], i: int, consumed: set[int]
+    ) -> dict[str, Any] | None:
+        """Join piece ``i`` with its neighbours until it parses (the cut was inside a string
+        or a nested list); the indices used go into ``consumed``."""
+        for lo in range(i, max(-1, i - 4), -1):
+            for hi in range(i if lo < i else i + 1, min(len(pieces), i + 16)):
+                text = pieces[lo] + b"".join(seps[k - 1] + pieces[k] for k in range(lo + 1, hi + 1))
                 try:
-                    yield _loads(b"{" + p + b"}")
+                    ev = loads(b"{" + text + b"}")
                 except _JSONError:
-                    # join forward until it parses: the cut was inside a string or nested list
-                    for j in range(i + 1, min(n, i + 16)):
-                        p = p + seps[j - 1] + pieces[j]
-                        try:
-                            ev = _loads(b"{" + p + b"}")
-                        except _JSONError:
-                            continue
-                        self.n_events -= j - i
-                        i = j
-                        yield ev
-                        break
-                    else:
-                        self.bad_events += 1
-            i += 1
+                    continue
+                consumed.clear()
+                consumed.update(range(lo, hi + 1))
+                self.n_events -= hi - lo
+                return ev
+        return None
 
     def _finish(self, rest: bytes) -> Iterator[dict[str, Any]]:
         for m in ARRAY_END.finditer(rest):
-            last = rest[: m.start()]
+            body = rest[: m.start()]
             try:
-                ev = _loads(b"{" + last + b"}")
+                loads(b"[{" + body + b"}]")  # the held-back tail is whole events: the end
             except _JSONError:
                 continue
-            self.n_events += 1
-            if _is_wanted(last):
-                yield ev
+            yield from self._parse(SEP.split(body), STEP_MARK in body)
             self._trailer(rest[m.end() :])
             return
         raise TraceError(
@@ -159,7 +193,7 @@ class TraceReader:
 
     def _header(self, text: bytes) -> None:
         try:
-            head = _loads(text)
+            head = loads(text)
         except _JSONError as exc:
             raise TraceError(f"unreadable trace header ({exc})") from None
         head.pop("traceEvents", None)
@@ -170,6 +204,6 @@ class TraceReader:
         if text in (b"", b"}"):
             return
         try:
-            self.header.update(_loads(b"{" + text))
+            self.header.update(loads(b"{" + text))
         except _JSONError:
             pass  # metadata after the events is optional; the events are complete

@@ -26,7 +26,7 @@ from .kinds import (
     comm_kind,
     kernel_class,
 )
-from .reader import TraceError, TraceReader
+from .reader import TraceError, TraceReader, dumps
 
 # Collectives over large groups (data parallel): their start times travel in the summary so the
 # critical path finds the last member to join without loading every member's timeline.
@@ -145,8 +145,8 @@ def _summarize(path: str, timeline_dir: str | None, out: dict[str, Any]) -> None
     out["steps"], timeline = _per_step(steps, gpu, launch)
     if timeline_dir is not None and out.get("rank") is not None:
         tl_path = os.path.join(timeline_dir, f"rank-{out['rank']}.timeline.json")
-        with open(tl_path, "w") as fh:
-            json.dump({"rank": out["rank"], "keys": keys, "steps": timeline}, fh)
+        with open(tl_path, "wb") as fh:
+            fh.write(dumps({"rank": out["rank"], "keys": keys, "steps": timeline}))
         out["timeline"] = tl_path
 
 
