@@ -44,9 +44,10 @@ SEQ_LEN=${SEQ_LEN:-4096}
 RECOMPUTE_MODULES=${RECOMPUTE_MODULES:-"layernorm mla_up_proj moe_act"}
 FP8_ARGS=${FP8_ARGS:-"--fp8-format e4m3 --fp8-recipe blockwise"}  # "" for bf16 linears
 
-# Data: mock data unless DATA_PATH / TOKENIZER_MODEL are given.
-DATA_PATH=${DATA_PATH:-}
-TOKENIZER_MODEL=${TOKENIZER_MODEL:-}
+# Data and tokenizer: mock data with the NullTokenizer unless DATA_ARGS says otherwise, e.g.
+#   DATA_ARGS="--data-path /data/kimi_text_document --tokenizer-type HuggingFaceTokenizer
+#              --tokenizer-model moonshotai/Kimi-K2-Instruct"
+DATA_ARGS=${DATA_ARGS:-"--mock-data --tokenizer-type NullTokenizer"}
 CHECKPOINT_PATH=${CHECKPOINT_PATH:-./checkpoints/kimi_1000B}
 MEGATRON_LM=${MEGATRON_LM:-.}             # Megatron-LM checkout holding pretrain_gpt.py
 
@@ -123,14 +124,6 @@ TRAINING_ARGS=(
     --attention-backend auto
 )
 
-DATA_ARGS=(
-    ${DATA_PATH:+--data-path "$DATA_PATH"}
-    ${DATA_PATH:---mock-data}
-    ${TOKENIZER_MODEL:+--tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER_MODEL"}
-    ${TOKENIZER_MODEL:---tokenizer-type NullTokenizer}
-    --split 99,1,0
-)
-
 OUTPUT_ARGS=(
     --save "$CHECKPOINT_PATH"
     --load "$CHECKPOINT_PATH"
@@ -144,4 +137,4 @@ torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE
     --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \
     "$MEGATRON_LM/pretrain_gpt.py" \
     "${MODEL_ARGS[@]}" "${MOE_ARGS[@]}" "${PARALLEL_ARGS[@]}" \
-    "${TRAINING_ARGS[@]}" "${DATA_ARGS[@]}" "${OUTPUT_ARGS[@]}"
+    "${TRAINING_ARGS[@]}" $DATA_ARGS --split 99,1,0 "${OUTPUT_ARGS[@]}"

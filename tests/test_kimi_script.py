@@ -31,6 +31,37 @@ def test_script_is_valid_bash() -> None:
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
 
 
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {
+            "NNODES": "32",
+            "EP": "8",
+            "FP8_ARGS": "",
+            "PP": "8",
+            "DATA_ARGS": "--data-path /d/text --tokenizer-type HuggingFaceTokenizer "
+            "--tokenizer-model moonshotai/Kimi-K2-Instruct",
+        },
+    ],
+)
+def test_static_reader_agrees_with_bash(tmp_path: Path, env: dict) -> None:
+    """What ``plan`` reads equals what bash would hand to torchrun (a stand-in prints argv)."""
+    fake = tmp_path / "torchrun"
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\0" "$@"\n')
+    fake.chmod(0o755)
+    run_env = {"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", **env}
+    out = subprocess.run(["bash", str(SCRIPT)], env=run_env, capture_output=True, check=True)
+    argv = out.stdout.decode().split("\0")[:-1]
+    entry = next(i for i, a in enumerate(argv) if a.endswith("pretrain_gpt.py"))
+    launch = read_launch_script(SCRIPT.read_text(), env)
+    assert launch.megatron_args == argv[entry + 1 :]
+    nnodes = int(argv[argv.index("--nnodes") + 1])
+    assert launch.world_size == nnodes * int(argv[argv.index("--nproc-per-node") + 1])
+    plan = plan_from_argv([str(SCRIPT)], env=env)  # and the adapted layout plans
+    assert plan["parallel"]["world"] == launch.world_size
+
+
 def test_plan_reads_the_script_and_its_titan_switches() -> None:
     launch = read_launch_script(SCRIPT.read_text(), {})
     assert launch.world_size == 4096
