@@ -86,6 +86,9 @@ def _reset_run_globals() -> None:
 
     # The MoE aux-loss tracker sizes its tensors by the first model's layer count (moe_utils.py).
     moe_utils.get_moe_layer_wise_logging_tracker().clear()
+    # A backward outside megatron's schedules leaves a 0-d scale here; the next schedule run
+    # then fails to broadcast it ("output with shape [] doesn't match ... [1]").
+    moe_utils.MoEAuxLossAutoScaler.main_loss_backward_scale = None
     offload = sys.modules.get("megatron.core.pipeline_parallel.fine_grained_activation_offload")
     if offload is not None:  # the activation-offload manager is a singleton holding chunk state
         offload.PipelineOffloadManager.OFFLOAD_MGR = None
