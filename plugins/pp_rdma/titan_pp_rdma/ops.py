@@ -38,6 +38,10 @@ class Op:
 class SendOp(Op):
     """A posted send: its bytes stay registered and unchanged until the receiver pulled them."""
 
+    def __init__(self, transport: MooncakeTransport, peer: int, ch: str, t: torch.Tensor, seq: int):
+        super().__init__(transport, peer, ch, t, seq)
+        self.event: Any = None  # device work producing the bytes; announce once it is done
+
 
 class RecvOp(Op):
     """A posted receive into ``tensor``: pull once the sender announced the bytes, then copy."""
@@ -46,6 +50,9 @@ class RecvOp(Op):
         super().__init__(transport, peer, ch, t, seq)
         self.tensor = t
         self.batch_id: int | None = None
+        # direct mode on a GPU: kernels queued before the post may still use this memory (the
+        # caching allocator recycles it stream-ordered); a NIC write is not stream-ordered.
+        self.event: Any = None
 
 
 class Link:
@@ -58,4 +65,6 @@ class Link:
         self.sends: dict[tuple[str, int], SendOp] = {}  # awaiting the receiver's F
         self.recvs: dict[tuple[str, int], RecvOp] = {}  # posted, not complete
         self.announced: dict[tuple[str, int], tuple[str, int]] = {}  # S: (ch, seq) -> (key, addr)
+        self.unannounced: list[SendOp] = []  # sends whose device bytes are not ready yet
+        self.busy_slots: list[tuple[Any, SlotPool, torch.Tensor]] = []  # (event, pool, slot)
         self.pools: dict[tuple[str, str, str], SlotPool] = {}  # (role, ch, key)

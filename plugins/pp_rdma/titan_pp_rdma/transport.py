@@ -96,18 +96,27 @@ class MooncakeTransport:
         link.send_seq[ch] += 1
         tensor = tensor.detach()
         if self.direct and tensor.is_contiguous():
-            # The detached alias keeps this storage even when the caller swaps `out.data`.
-            op.buf = self.engine.register(_flat_bytes(tensor))
-        else:
+            try:  # the detached alias keeps this storage even when the caller swaps `out.data`
+                op.buf = self.engine.register(_flat_bytes(tensor))
+            except PPRdmaError:
+                op.buf = None  # e.g. overlaps a registered region: stage a copy instead
+        if op.buf is None:
             op.buf = self._slot(link, "send", op)
             with torch.no_grad():
                 op.buf.view(tensor.dtype).view(tensor.shape).copy_(tensor)
-            event = record_event(op.buf)
-            if event is not None:
-                event.synchronize()  # the peer may read the slot as soon as it is announced
         link.sends[(ch, op.seq)] = op
-        self._notify(link, "S", ch, op.key, op.seq, op.buf.data_ptr())
+        # On a GPU the bytes exist once the queued kernels ran: announce then, without
+        # blocking the host (progress polls the event).
+        op.event = record_event(op.buf)
+        if op.event is None:
+            self._announce(link, op)
+        else:
+            link.unannounced.append(op)
         return op
+
+    def _announce(self, link: Link, op: SendOp) -> None:
+        assert op.buf is not None
+        self._notify(link, "S", op.ch, op.key, op.seq, op.buf.data_ptr())
 
     def irecv(self, tensor: torch.Tensor, peer: int, ch: str) -> RecvOp:
         """Post a receive into ``tensor`` (contiguous) from ``peer`` on ``ch``."""
@@ -117,6 +126,8 @@ class MooncakeTransport:
         link = self.links[peer]
         op = RecvOp(self, peer, ch, tensor, link.recv_seq[ch])
         link.recv_seq[ch] += 1
+        if self.direct:
+            op.event = record_event(tensor)
         link.recvs[(ch, op.seq)] = op
         self.progress()  # starts the read at once if the sender already announced the bytes
         return op
@@ -181,11 +192,19 @@ class MooncakeTransport:
                 for msg in batch.split(SEPARATOR):
                     self._on_message(int(sender), decode(msg))
         for link in self.links.values():
+            for send in [op for op in link.unannounced if op.event.query()]:
+                link.unannounced.remove(send)
+                self._announce(link, send)
+            for busy in [b for b in link.busy_slots if b[0].query()]:
+                link.busy_slots.remove(busy)
+                busy[1].give_back(busy[2])
             for op in list(link.recvs.values()):
                 self._advance(link, op)
 
     def _advance(self, link: Link, op: RecvOp) -> None:
         if op.batch_id is None:
+            if op.event is not None and not op.event.query():
+                return
             announced = link.announced.pop((op.ch, op.seq), None)
             if announced is None:
                 return
@@ -221,8 +240,9 @@ class MooncakeTransport:
             with torch.no_grad():
                 op.tensor.detach().copy_(op.buf.view(op.tensor.dtype).view(op.tensor.shape))
             event = record_event(op.tensor)
-            if event is not None:
-                event.synchronize()  # the slot is reused by the next read
+            if event is not None:  # the slot is busy until the device copy has read it
+                link.busy_slots.append((event, link.pools[("recv", op.ch, op.key)], op.buf))
+                op.buf = None
         self._release(link, "recv", op)
         del link.recvs[(op.ch, op.seq)]
         op.done = True
