@@ -26,13 +26,15 @@ import torch.distributed as dist
 EPS32 = torch.finfo(torch.float32).eps
 ULPS = 16  # bound in units of eps * max|reference| where bit-identity is not expected
 
-# (experts, topk, capacity factor, pad to capacity (reference only), shared expert, skewed routing)
+# (experts, topk, capacity factor, pad to capacity (reference only), shared expert, skewed routing,
+#  selective recompute of the MoE layer)
 LAYER_CASES = [
-    (4, 2, None, False, False, False),
-    (8, 1, None, False, True, True),  # everything routed to rank 0: other ranks get no tokens
-    (8, 8, None, False, False, False),
-    (8, 2, 0.5, False, False, False),  # dropping
-    (8, 2, 0.5, True, True, False),  # dropping + padding in the reference
+    (4, 2, None, False, False, False, False),
+    (8, 1, None, False, True, True, False),  # all routed to rank 0: other ranks get no tokens
+    (8, 8, None, False, False, False, False),
+    (8, 2, 0.5, False, False, False, False),  # dropping
+    (8, 2, 0.5, True, True, False, False),  # dropping + padding in the reference
+    (4, 2, None, False, False, False, True),  # recompute: the pipeline reruns in backward
 ]
 CHUNKS = (1, 2, 4)
 
@@ -48,7 +50,7 @@ def _build_layer(cfg):
 def _config(ep: int, case: tuple, dispatcher: str):
     from titan_plugins.testing import tiny_gpt
 
-    experts, topk, capacity, pad, shared, _ = case
+    experts, topk, capacity, pad, shared, _, recompute = case
     extra = {}
     if capacity is not None:
         extra.update(moe_expert_capacity_factor=capacity, moe_token_drop_policy="probs")
@@ -57,6 +59,8 @@ def _config(ep: int, case: tuple, dispatcher: str):
         extra["moe_shared_expert_intermediate_size"] = 96
     if topk == 1:
         extra["moe_router_pre_softmax"] = True  # megatron requires it for top-1
+    if recompute:
+        extra.update(recompute_granularity="selective", recompute_modules=["moe"])
     return tiny_gpt.make_config(
         num_layers=1, num_moe_experts=experts, moe_router_topk=topk,
         moe_token_dispatcher_type=dispatcher, moe_router_dtype="fp32", **extra,
@@ -128,7 +132,7 @@ def task_layer_matrix(ep: int, cases: list[tuple], chunks: tuple[int, ...], seed
 
 def _exact(case: tuple, chunks: int) -> bool:
     """Same GEMM shapes and the same top-k summation grouping as the reference: bit-identical."""
-    _, topk, _, pad, _, _ = case
+    _, topk, _, pad, _, _, _ = case
     return chunks == 1 and not pad and topk <= 2
 
 
