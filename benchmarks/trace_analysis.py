@@ -122,30 +122,41 @@ def hta_python(workdir: Path) -> str:
     return str(py)
 
 
-def project(ours: dict, hta: dict | None, events: int, ranks: int) -> list[tuple]:
+def project(ours: dict, half: dict, hta: dict | None, events: int, ranks: int) -> list[tuple]:
     """10,000 ranks x 200k events on 64 cores / 64 GB from measured costs.
 
-    Ours: map CPU scales with events and spreads over 64 workers; the parent's work (summaries,
-    cross-rank analyses, critical path) is serial and scaled linearly with ranks; memory is 64
-    workers at their measured peak plus the parent grown linearly with ranks.
-    HTA: the model of research/hta.md §7 with the costs measured here: worker CPU / 64 + the
-    parent's serial CPU scaled with ranks; memory = the parent scaled with ranks.
+    Ours: the map's CPU (workers) scales with ranks x events and spreads over 64 workers; the
+    parent's serial CPU and memory grow with ranks at the slope measured between a run on half
+    the ranks (``half``) and on all of them; memory = 64 workers at their measured peak (scaled
+    with events per rank) + the parent.  HTA: the model of research/hta.md section 7 with the
+    costs measured here: worker CPU / 64 + the parent's serial CPU scaled with ranks x events;
+    memory = the parent (which holds every rank) scaled with ranks x events.
     """
-    target_ranks, target_events, cores = 10_000, 200_000, 64
-    scale_e = target_events / events
+    n, cores = 10_000, 64
+    scale_e = 200_000 / events
     rows = []
-    for name, m in (("titan-trace", ours), ("HTA 0.5.0", hta)):
-        if not m:
-            continue
-        worker_cpu = (m["cpu_s"] - m["main_cpu_s"]) / ranks * scale_e
-        main_cpu = m["main_cpu_s"] / ranks * (scale_e if name == "HTA 0.5.0" else 1.0)
-        worker_mem = (m["peak_rss"] - m["main_peak_rss"]) / max(1, m["workers"]) * scale_e
-        wall = target_ranks * worker_cpu / cores + target_ranks * main_cpu
-        if name == "titan-trace":
-            mem = cores * worker_mem + m["main_peak_rss"] * max(1.0, target_ranks / ranks / 8)
-        else:
-            mem = m["main_peak_rss"] * target_ranks / ranks * scale_e
-        rows.append((name, wall / 60, mem / 2**30, worker_cpu, main_cpu))
+    worker_cpu = (ours["cpu_s"] - ours["main_cpu_s"]) / ranks * scale_e
+    slope_cpu = max(0.0, (ours["main_cpu_s"] - half["main_cpu_s"]) / (ranks - ranks // 2))
+    slope_mem = max(0.0, (ours["main_peak_rss"] - half["main_peak_rss"]) / (ranks - ranks // 2))
+    serial = ours["main_cpu_s"] + slope_cpu * (n - ranks)
+    worker_mem = (ours["peak_rss"] - ours["main_peak_rss"]) / ours["workers"] * scale_e
+    mem = cores * worker_mem + ours["main_peak_rss"] + slope_mem * (n - ranks)
+    rows.append(
+        ("titan-trace", (n * worker_cpu / cores + serial) / 60, mem / 2**30, worker_cpu, slope_cpu)
+    )
+    if hta:
+        worker_cpu = (hta["cpu_s"] - hta["main_cpu_s"]) / ranks * scale_e
+        main_cpu = hta["main_cpu_s"] / ranks * scale_e
+        mem = hta["main_peak_rss"] * n / ranks * scale_e
+        rows.append(
+            (
+                "HTA 0.5.0",
+                (n * worker_cpu / cores + n * main_cpu) / 60,
+                mem / 2**30,
+                worker_cpu,
+                main_cpu,
+            )
+        )
     return rows
 
 
@@ -164,20 +175,36 @@ def main() -> None:
     info = generate(workdir, a.ranks, a.events)
     n_events = info["events_total"]
     print(f"traces: {a.ranks} ranks x ~{n_events // a.ranks:,} events = {n_events:,} events")
+    py = None if a.skip_hta else hta_python(workdir)  # install first: a slow install skews nothing
 
-    runs = []
-    for _ in range(a.rounds):
-        cmd = [sys.executable, "-m", "titan_trace_analysis.cli", "analyze", info["dir"]]
+    def ours_on(trace_dir: str) -> dict:
+        cmd = [sys.executable, "-m", "titan_trace_analysis.cli", "analyze", trace_dir]
         cmd += ["--out", str(workdir / "ours"), "--workers", str(a.workers), "--no-progress"]
-        runs.append(measure(cmd))
+        return measure(cmd)
+
+    runs = [ours_on(info["dir"]) for _ in range(a.rounds)]
     ours = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k != "output"}
     ours["workers"] = a.workers
+    half_dir = workdir / f"half_{a.ranks}_{a.events}"  # first half of the ranks, for the slopes
+    half_dir.mkdir(exist_ok=True)
+    for r in range(a.ranks // 2):
+        link = half_dir / f"rank-{r}.json.gz"
+        if not link.exists():
+            link.symlink_to(Path(info["dir"]) / f"rank-{r}.json.gz")
+    half = ours_on(str(half_dir))
+    print(
+        f"ours: wall {ours['wall_s']:.1f} s, CPU {ours['cpu_s']:.1f} s (parent "
+        f"{ours['main_cpu_s']:.1f}), peak {ours['peak_rss'] / 2**20:.0f} MB (parent "
+        f"{ours['main_peak_rss'] / 2**20:.0f}); runs' CPU s: "
+        + ", ".join(f"{r['cpu_s']:.1f}" for r in runs),
+        flush=True,
+    )
     hta = None
-    if not a.skip_hta:
-        py = hta_python(workdir)
+    if py:
         script = workdir / "hta_run.py"
         script.write_text(HTA_SCRIPT)
         hta = measure([py, str(script), info["dir"]])
+        print(f"HTA: CPU {hta['cpu_s']:.1f} s (parent {hta['main_cpu_s']:.1f})", flush=True)
         hta["workers"] = min(os.cpu_count() or 1, a.ranks)
         print("HTA:", hta["output"].strip().splitlines()[-1])
 
@@ -196,7 +223,7 @@ def main() -> None:
         )
     print("\nprojection: 10,000 ranks x 200k events, 64 cores")
     print(f"{'':14}{'wall min':>10}{'memory GB':>11}{'worker CPU s/rank':>19}{'serial s/rank':>15}")
-    for name, wall, mem, wcpu, mcpu in project(ours, hta, n_events // a.ranks, a.ranks):
+    for name, wall, mem, wcpu, mcpu in project(ours, half, hta, n_events // a.ranks, a.ranks):
         print(f"{name:14}{wall:10.1f}{mem:11.1f}{wcpu:19.2f}{mcpu:15.4f}")
     print("goal: < 30 min within 64 GB")
 

@@ -124,6 +124,8 @@ def _summarize(path: str, timeline_dir: str | None, out: dict[str, Any]) -> None
             corr = (ev.get("args") or {}).get("correlation")
             if corr is not None:
                 launch[corr] = float(ev["ts"])
+    for corr, ts in reader.launches.items():
+        launch[corr] = ts
     _identity(reader, path, out)
     out["events"] = reader.n_events
     if reader.bad_events:
