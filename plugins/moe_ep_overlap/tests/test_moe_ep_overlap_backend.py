@@ -158,11 +158,16 @@ def task_fp8_and_events(seed: int) -> bool:
 
 
 def task_bad_expert_count() -> str:
-    """Experts not divisible by the EP size: a ValueError that names the fix."""
+    """Experts not divisible by the EP size: a ValueError that names the fix; low-latency mode is
+    refused with a message naming DeepEP."""
     from titan_moe_ep_overlap.buffer import Buffer
 
     buffer = Buffer(dist.group.WORLD)
     idx = torch.zeros(4, 1, dtype=torch.int64)
+    with pytest.raises(NotImplementedError, match="low-latency mode is not provided"):
+        Buffer(dist.group.WORLD, low_latency_mode=True)
+    with pytest.raises(NotImplementedError, match="DeepEP v1.x"):
+        buffer.low_latency_dispatch(idx)
     with pytest.raises(ValueError) as info:
         buffer.get_dispatch_layout(idx, dist.get_world_size() * 2 + 1)
     return str(info.value)

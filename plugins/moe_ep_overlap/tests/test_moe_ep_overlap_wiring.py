@@ -180,3 +180,30 @@ def test_megatron_wiring_with_incompatible_deep_ep(gloo_pool2) -> None:
     for res in gloo_pool2.run(task_wiring_with_fake_v2, "1"):
         assert "EventOverlap" in res.get("error", ""), res
         assert res["restored"]
+
+
+def test_config_and_static_buffer_api() -> None:
+    """DeepEP's Config checks and size hints; Buffer's static API and refusals name the fix."""
+    from titan_moe_ep_overlap.buffer import Buffer
+    from titan_moe_ep_overlap.config import Config
+
+    with pytest.raises(AssertionError):
+        Config(20, 256, 256)  # nvl send chunk must be smaller than the recv chunk
+    with pytest.raises(AssertionError):
+        Config(20, 6, 256, 80, 128)  # rdma send > recv / 2
+    assert Config(20, 6, 256, 6, 100).num_max_rdma_chunked_recv_tokens == 102  # rounded up
+    config = Buffer.get_dispatch_config(8)
+    assert config.get_rdma_buffer_size_hint(1024, 8) == 0  # one NVLink domain: no RDMA buffer
+    assert config.get_rdma_buffer_size_hint(1024, 16) > 0
+    assert config.get_nvl_buffer_size_hint(2048, 8) > config.get_nvl_buffer_size_hint(1024, 8)
+    saved = Buffer.num_sms
+    try:
+        Buffer.set_num_sms(24)
+        assert Buffer.get_combine_config(4).num_sms == 24
+        with pytest.raises(AssertionError, match="even"):
+            Buffer.set_num_sms(7)
+    finally:
+        Buffer.num_sms = saved
+    assert Buffer.capture().event is not None and not Buffer.is_sm90_compiled()
+    with pytest.raises(ValueError, match="process group"):
+        Buffer(None)
