@@ -99,6 +99,34 @@ def chunk_bounds(num_tokens: int, chunks: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def _release_storage(y: torch.Tensor) -> None:
+    """Free the expert output's memory but keep it as the root of its chunk's graph.
+
+    Megatron's serial path does not keep the expert output alive until the backward (nothing saves
+    it); holding it per chunk would add ``[received tokens, hidden]`` per MoE layer. The combine
+    reads a detached alias that keeps the old storage until its transfer completed, and an op
+    that saved ``y`` for its backward holds its own reference - so this only frees what nobody
+    needs (the trick megatron's ``deallocate_output_tensor`` uses for pipeline outputs).
+    """
+    y.data = torch.empty((1,), dtype=y.dtype, device=y.device)
+
+
+def _backward_from(y: torch.Tensor, grad: torch.Tensor) -> None:
+    """``y.backward(grad)`` for a root whose storage was released (shape no longer matches).
+
+    Calls the autograd engine directly, as megatron's ``schedules.custom_backward`` does, because
+    ``torch.autograd.backward`` checks ``grad`` against the (now 1-element) shape of ``y``.
+    """
+    if y.grad_fn is None:  # nothing upstream needs a gradient (e.g. experts frozen, no tokens)
+        return
+    from torch.autograd import Variable
+
+    Variable._execution_engine.run_backward(
+        tensors=(y,), grad_tensors=(grad,), keep_graph=False, create_graph=False, inputs=(),
+        allow_unreachable=True, accumulate_grad=True,
+    )  # fmt: skip
+
+
 @dataclass
 class _Chunk:
     handle: Any
@@ -141,6 +169,8 @@ class ChunkedExperts(torch.autograd.Function):
                 p = recv_probs.detach().requires_grad_(build_graph)
                 y = compute(x, recv_idx, p, list(counts))
             combines.append(comm.combine(y.detach(), handle))
+            if build_graph and y.requires_grad:
+                _release_storage(y)
             saved.append(_Chunk(handle, x, p, y))
             pending = following
         out = hidden.new_empty(hidden.shape)
@@ -163,7 +193,7 @@ class ChunkedExperts(torch.autograd.Function):
             following = start(i + 1) if i + 1 < len(saved) else None
             grad_y, event = pending[0], pending[-1]
             event.current_stream_wait()
-            torch.autograd.backward(chunk.y, grad_y, inputs=None)
+            _backward_from(chunk.y, grad_y)
             grad_x = chunk.x.grad if chunk.x.grad is not None else torch.zeros_like(chunk.x)
             grad_p = chunk.probs.grad
             grad_p = torch.zeros_like(chunk.probs) if grad_p is None else grad_p.float()
