@@ -59,6 +59,8 @@ def map_local(paths: list[str], timeline_dir: str | None, workers: int = 0) -> I
         yield from map(_task, tasks)
         return
     ctx = mp.get_context("spawn" if sys.platform == "darwin" else "forkserver")
+    if ctx.get_start_method() == "forkserver":
+        ctx.set_forkserver_preload([__name__])  # workers fork with the parser imported
     with ctx.Pool(n, maxtasksperchild=64) as pool:
         yield from pool.imap_unordered(_task, tasks, chunksize=1)
 
