@@ -4,6 +4,9 @@ expert compute, gradients match plain autograd, and expert outputs are not held 
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from titan_moe_ep_overlap.overlap import ChunkedExperts
@@ -22,7 +25,8 @@ class LoopbackComm:
 
     def __init__(self) -> None:
         self.log: list[str] = []
-        self.n_dispatch = self.n_combine = self.n_redispatch = 0
+        self.n_dispatch = 0
+        self.received: list = []  # weak references to the storage of the received tokens
 
     def layouts(self, indices: list) -> list:
         return [None] * len(indices)
@@ -32,7 +36,9 @@ class LoopbackComm:
         self.n_dispatch += 1
         self.log.append(f"dispatch {i}")
         counts = [x.shape[0]]
-        return x.clone(), idx, probs.clone(), counts, i, _Event(self.log, f"dispatch {i}")
+        received = x.clone()
+        self.received.append(weakref.ref(received.untyped_storage()))
+        return received, idx, probs.clone(), counts, i, _Event(self.log, f"dispatch {i}")
 
     def redispatch(self, grad, handle) -> tuple:
         self.log.append(f"redispatch {handle}")
@@ -48,6 +54,8 @@ class LoopbackComm:
 def _experts(log: list, outputs: list, w1: torch.Tensor, w2: torch.Tensor):
     def compute(x, idx, p, counts):
         log.append("compute")
+        # like megatron's permute: the experts see an index_select copy, x itself is not saved
+        x = x.index_select(0, torch.arange(x.shape[0]))
         y = torch.nn.functional.gelu(x @ w1) @ w2 * p.sum(1, keepdim=True)
         outputs.append(y)
         return y
@@ -70,8 +78,11 @@ def test_pipeline_schedule_gradients_and_memory(chunks: int) -> None:
         hidden, probs, idx, comm, _experts(comm.log, outputs, w1, w2), chunks
     )
     forward_log = list(comm.log)
-    # expert outputs were released after their combine was issued (only the graph root remains)
+    # expert outputs were released after their combine was issued (only the graph root remains),
+    # and nothing keeps the received tokens alive until the backward
     assert len(outputs) == chunks and all(y.numel() == 1 for y in outputs)
+    gc.collect()
+    assert all(ref() is None for ref in comm.received)
     out.backward(grad)
     got = [t.grad.clone() for t in (hidden, probs, w1, w2)]
 

@@ -127,12 +127,34 @@ def _backward_from(y: torch.Tensor, grad: torch.Tensor) -> None:
     )  # fmt: skip
 
 
+class _GradTap(torch.autograd.Function):
+    """Identity on the received tokens that hands their gradient to ``sink``.
+
+    A leaf ``x.requires_grad_()`` would keep the received tokens alive until the backward (the
+    leaf is referenced by its grad accumulator); megatron's serial path frees them once the
+    experts' permute copied them. The tap passes a view on and keeps nothing but the sink.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, anchor: torch.Tensor, sink: list) -> torch.Tensor:
+        """Return a view of ``x`` whose gradient will land in ``sink``."""
+        ctx.sink = sink
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        """Store the gradient; nothing flows further (``x`` came from a transfer)."""
+        ctx.sink.append(grad)
+        return None, None, None
+
+
 @dataclass
 class _Chunk:
     handle: Any
-    x: torch.Tensor  # received tokens (leaf of the nested expert graph)
-    probs: torch.Tensor  # received probabilities (leaf)
-    y: torch.Tensor  # expert output in receive order
+    x_grad: list  # receives the gradient of the received tokens (see _GradTap)
+    x_shape: torch.Size
+    probs: torch.Tensor  # received probabilities (leaf: [tokens, topk], small)
+    y: torch.Tensor  # expert output in receive order (storage released, graph root)
 
 
 class ChunkedExperts(torch.autograd.Function):
@@ -152,6 +174,9 @@ class ChunkedExperts(torch.autograd.Function):
         bounds = chunk_bounds(hidden.shape[0], chunks)
         # autograd disables grad mode inside forward: decide from what the caller needs
         build_graph = bool(ctx.needs_input_grad[0] or ctx.needs_input_grad[1])
+        anchor = torch.zeros(
+            (), device=hidden.device, requires_grad=True
+        )  # makes taps differentiable
         layouts = comm.layouts([indices[slice(*b)] for b in bounds])
 
         def start(i: int) -> tuple:
@@ -164,14 +189,18 @@ class ChunkedExperts(torch.autograd.Function):
             following = start(i + 1) if i + 1 < len(bounds) else None
             recv_x, recv_idx, recv_probs, counts, handle, event = pending
             event.current_stream_wait()
+            sink: list = []
             with torch.set_grad_enabled(build_graph):
-                x = recv_x.detach().requires_grad_(build_graph)
+                x = recv_x.detach()
+                if build_graph:
+                    x = _GradTap.apply(x, anchor, sink)
                 p = recv_probs.detach().requires_grad_(build_graph)
                 y = compute(x, recv_idx, p, list(counts))
             combines.append(comm.combine(y.detach(), handle))
             if build_graph and y.requires_grad:
                 _release_storage(y)
-            saved.append(_Chunk(handle, x, p, y))
+            saved.append(_Chunk(handle, sink, recv_x.shape, p, y))
+            del x, recv_x
             pending = following
         out = hidden.new_empty(hidden.shape)
         for (lo, hi), (combined, _, event) in zip(bounds, combines):
@@ -194,7 +223,7 @@ class ChunkedExperts(torch.autograd.Function):
             grad_y, event = pending[0], pending[-1]
             event.current_stream_wait()
             _backward_from(chunk.y, grad_y)
-            grad_x = chunk.x.grad if chunk.x.grad is not None else torch.zeros_like(chunk.x)
+            grad_x = chunk.x_grad[0] if chunk.x_grad else grad_y.new_zeros(chunk.x_shape)
             grad_p = chunk.probs.grad
             grad_p = torch.zeros_like(chunk.probs) if grad_p is None else grad_p.float()
             combines.append(comm.combine(grad_x, chunk.handle, grad_p))
