@@ -33,6 +33,7 @@ ENV = {"TITAN_MOE_EP_OVERLAP_BACKEND": "torch"}
 
 def _moe_layer(shape: dict, cpu: bool = True) -> Any:
     """A megatron MoELayer (flex dispatcher, DeepEP backend name) of the given shape."""
+    import torch
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.spec_utils import build_module
@@ -44,7 +45,7 @@ def _moe_layer(shape: dict, cpu: bool = True) -> Any:
         moe_token_dispatcher_type="flex", moe_router_dtype="fp32", moe_aux_loss_coeff=0.0,
         expert_model_parallel_size=ps.get_expert_model_parallel_world_size(),
         use_cpu_initialization=cpu, add_bias_linear=False, hidden_dropout=0.0,
-        bf16=not cpu, params_dtype=__import__("torch").float32 if cpu else __import__("torch").bfloat16,
+        bf16=not cpu, params_dtype=torch.float32 if cpu else torch.bfloat16,
     )  # fmt: skip
     spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts)
     return build_module(spec.submodules.mlp, config=cfg)
