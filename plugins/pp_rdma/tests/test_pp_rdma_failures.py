@@ -122,6 +122,11 @@ def pair_main(scenario: str, rank: int, port: int) -> None:
                     op.wait()
                 assert y.equal(torch.arange(4096, dtype=torch.float32) * (2 - rank) + step)
             result["ok"] = True
+            print(json.dumps(result), flush=True)
+            # A normal exit: the notifier's atexit flush must deliver the last "read done", or
+            # the peer's last send never completes (no barrier here: that would hide it).
+            dist.destroy_process_group()
+            sys.exit(0)
         elif scenario == "never_joins" and rank == 1:
             time.sleep(TIMEOUT_S + 3)  # alive, but never starts the pipeline
         else:

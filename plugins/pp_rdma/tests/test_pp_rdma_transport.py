@@ -150,3 +150,27 @@ def test_direct_read_waits_for_queued_users_of_the_receive_memory(events: list) 
     events[-1].ready = True
     b.progress()
     assert recv.done and y.equal(torch.full((3,), 2.0))
+
+
+def test_notifier_flush_waits_for_queued_notifications() -> None:
+    """The atexit flush: a job's last "read done" must leave before the process does."""
+    import threading
+    import time
+
+    from titan_pp_rdma.notifier import Notifier
+
+    gate = threading.Event()
+    sent: list[str] = []
+
+    class SlowEngine:
+        def notify(self, peer: PeerAddress, name: str, msg: str) -> None:
+            gate.wait(5)
+            sent.append(msg)
+
+    notifier = Notifier(SlowEngine())
+    notifier.post(PeerAddress("p", 0), "t/0", "F|f|0")
+    assert not notifier.flush(0.05) and sent == []  # still in flight: flush reports it
+    gate.set()
+    start = time.monotonic()
+    assert notifier.flush(5.0) and sent == ["F|f|0"]
+    assert time.monotonic() - start < 2

@@ -8,8 +8,10 @@ everything queued for a peer while the previous RPC ran goes out as one message.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import time
 from typing import Any
 
 from titan_pp_rdma.errors import PPRdmaError
@@ -26,12 +28,26 @@ class Notifier:
         self._queue: queue.SimpleQueue[tuple[PeerAddress, str, str]] = queue.SimpleQueue()
         # First failure per peer segment (e.g. the peer died): its sessions raise it.
         self.errors: dict[str, PPRdmaError] = {}
+        self._pending = 0  # queued or being sent
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="pp_rdma-notify", daemon=True)
         self._thread.start()
+        # The last "read done" of a job must still reach its sender, or the sender's final
+        # send never completes: drain the queue before the interpreter exits.
+        atexit.register(self.flush, 5.0)
 
     def post(self, peer: PeerAddress, name: str, msg: str) -> None:
         """Queue a notification (returns at once)."""
+        with self._lock:
+            self._pending += 1
         self._queue.put((peer, name, msg))
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until everything queued so far was sent (or failed); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self._pending and time.monotonic() < deadline:
+            time.sleep(1e-3)
+        return not self._pending
 
     def _run(self) -> None:
         while True:
@@ -49,3 +65,5 @@ class Notifier:
                     self._engine.notify(peer, name, SEPARATOR.join(msgs))
                 except PPRdmaError as exc:
                     self.errors.setdefault(peer.session_id, exc)
+            with self._lock:
+                self._pending -= len(batch)
