@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from titan_plugins.settings import Setting, env_choice, env_int
 
 BACKENDS = ("auto", "torch", "deep_ep")
@@ -13,9 +15,15 @@ def backend_choice() -> str:
     return env_choice("TITAN_MOE_EP_OVERLAP_BACKEND", BACKENDS, "auto")
 
 
+_parsed_chunks: dict[str | None, int] = {}  # raw value -> parsed: warn once, not per layer call
+
+
 def num_chunks() -> int:
     """``TITAN_MOE_EP_OVERLAP_CHUNKS``: token chunks pipelined in a MoE layer (1 = no pipeline)."""
-    return env_int("TITAN_MOE_EP_OVERLAP_CHUNKS", DEFAULT_CHUNKS, minimum=1)
+    raw = os.environ.get("TITAN_MOE_EP_OVERLAP_CHUNKS")
+    if raw not in _parsed_chunks:
+        _parsed_chunks[raw] = env_int("TITAN_MOE_EP_OVERLAP_CHUNKS", DEFAULT_CHUNKS, minimum=1)
+    return _parsed_chunks[raw]
 
 
 def declared() -> list[Setting]:
