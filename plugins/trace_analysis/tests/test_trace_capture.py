@@ -155,3 +155,19 @@ def test_plugin_declares_one_patch_per_schedule():
         "TITAN_TRACE_DIR",
         "TITAN_TRACE_GZIP",
     }
+
+
+def test_report_states_the_capture(monkeypatch):
+    from titan_trace_analysis import plugin
+
+    capture.reset()
+    monkeypatch.delenv("TITAN_TRACE_STEPS", raising=False)
+    assert plugin.titan_report() == {"capture": "off (TITAN_TRACE_STEPS unset)"}
+    monkeypatch.setenv("TITAN_TRACE_STEPS", "4-6")
+    monkeypatch.setenv("TITAN_TRACE_DIR", "/tmp/x")
+    assert plugin.titan_report() == {"capture": "iterations 4-6", "dir": "/tmp/x", "written": ""}
+    capture.reset()
+    monkeypatch.setenv("TITAN_TRACE_STEPS", "9-1")
+    monkeypatch.setenv("TITAN_PLUGINS_STRICT", "1")
+    assert plugin.titan_report()["capture"].startswith("error: TITAN_TRACE_STEPS")
+    capture.reset()

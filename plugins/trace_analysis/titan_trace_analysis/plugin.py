@@ -57,7 +57,10 @@ def titan_settings() -> list[Setting]:
 @hookimpl
 def titan_report() -> dict[str, Any]:
     """Capture state for `titan-plugins list`."""
-    cap = capture.current()
+    try:
+        cap = capture.current()
+    except Exception as exc:  # a report must not fail (e.g. a bad value under STRICT)
+        return {"capture": f"error: {exc}"}
     if cap is None:
         return {"capture": "off (TITAN_TRACE_STEPS unset)"}
     return {
