@@ -167,7 +167,7 @@ def arm(channel: str) -> None:
         if not switches.autoload_enabled():
             _AUTOLOAD["state"] = "off: TITAN_PLUGINS_AUTOLOAD=0"
             return
-        if "megatron" in sys.modules:
+        if any(prefix in sys.modules for prefix in TRIGGER_PREFIXES):
             activate(channel)
             _AUTOLOAD["state"] = "activated (megatron already importing)"
             return
