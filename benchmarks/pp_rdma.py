@@ -124,12 +124,9 @@ def step_task(env: dict | None, steps: int, hidden: int) -> dict:
     """One rank of the PP=2 x VPP=2 run: seconds per step and the losses."""
     import contextlib
 
-    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
-
     from titan_plugins.testing import plugin_active, tiny_gpt
 
     tiny_gpt.init_parallel(pp=2, vpp=2)
-    get_moe_layer_wise_logging_tracker().clear()
     active = plugin_active("pp_rdma", env=env) if env is not None else contextlib.nullcontext()
     with active:
         cfg = tiny_gpt.make_config(

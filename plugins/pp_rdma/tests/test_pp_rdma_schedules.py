@@ -29,11 +29,6 @@ def train_task(pp: int, vpp: int | None, env: dict | None, **config: Any) -> dic
     from titan_plugins.testing import plugin_active, tiny_gpt
 
     tiny_gpt.init_parallel(pp=pp, vpp=vpp)
-    # megatron's MoE aux-loss tracker is sized by the first model's layer count and survives
-    # init_parallel; a pooled worker that trained a 2-layer model would fail on a 4-layer one.
-    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
-
-    get_moe_layer_wise_logging_tracker().clear()
     from megatron.core.pipeline_parallel import p2p_communication, schedules
 
     active = plugin_active("pp_rdma", env=env) if env is not None else contextlib.nullcontext()
