@@ -15,16 +15,24 @@ def debug_enabled() -> bool:
     return os.environ.get("TITAN_PLUGINS_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def configure() -> None:
-    """Attach a stderr handler once, at DEBUG level when TITAN_PLUGINS_DEBUG is on.
+class _FallbackHandler(logging.StreamHandler):
+    """Prints our records only when the root logger has no handler to print them.
 
-    Warnings reach the user even when the host never configured logging (Megatron's
-    workers often do not), so the handler is ours rather than the root logger's.
+    Megatron's workers often never configure logging; then this handler makes warnings
+    visible with our prefix. When the host (or pytest) configured logging, records propagate
+    to its handlers instead and are not printed twice.
     """
-    if not any(getattr(h, "_titan", False) for h in logger.handlers):
-        handler = logging.StreamHandler()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not logging.getLogger().handlers:
+            super().emit(record)
+
+
+def configure() -> None:
+    """Attach the fallback handler once; DEBUG level when TITAN_PLUGINS_DEBUG is on."""
+    if not any(isinstance(h, _FallbackHandler) for h in logger.handlers):
+        handler = _FallbackHandler()
         handler.setFormatter(logging.Formatter("[titan_plugins] %(levelname)s %(message)s"))
-        handler._titan = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
-        logger.propagate = False
-    logger.setLevel(logging.DEBUG if debug_enabled() else logging.WARNING)
+    if debug_enabled():
+        logger.setLevel(logging.DEBUG)
