@@ -106,6 +106,8 @@ def open_session(pp_group: Any, settings: PPRdmaSettings | None = None) -> Sessi
         if session is not None and session.settings == settings:
             if session.transport is None or session.transport.error is None:
                 return session
+        if session is not None and session.transport is not None:
+            session.transport.close()  # replaced (new knobs or after an error): stop its inbox
         me = dist.get_rank()
         engine = None if settings.backend == "torch" else _engine(settings)
         if engine is not None:
