@@ -94,8 +94,9 @@ def titan_configure(config: Any) -> None:
 def titan_moe_dispatcher(config: Any) -> Any | None:
     """Choose the expert-parallel dispatch/combine backend (DeepEP v1 API).
 
-    Firstresult: stops at the first non-None result. Fires when a MoE layer with the flex
-    dispatcher is built.
+    Firstresult: stops at the first non-None result. The plugin that wires a backend into
+    Megatron answers with the one it chose (DeepEP or its own); hosts, reports and other plugins
+    ask through ``active_manager().hook.titan_moe_dispatcher(config=...)``.
 
     :param config: the layer's ``TransformerConfig``.
     :return: a module-like object with DeepEP v1's ``Buffer`` API, or None to pass.
@@ -106,8 +107,9 @@ def titan_moe_dispatcher(config: Any) -> Any | None:
 def titan_p2p_communicator(config: Any) -> Any | None:
     """Choose the pipeline-parallel point-to-point transport.
 
-    Firstresult: stops at the first non-None result. Fires when megatron's schedules build
-    their ``P2PCommunicator``.
+    Firstresult: stops at the first non-None result. The plugin that wires a transport into
+    megatron's schedules answers with the class it installs; hosts, reports and other plugins
+    ask through ``active_manager().hook.titan_p2p_communicator(config=...)``.
 
     :param config: the model's ``ModelParallelConfig``.
     :return: a ``P2PCommunicator``-compatible class or factory, or None to pass.
