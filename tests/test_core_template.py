@@ -38,12 +38,11 @@ def test_generator_output_loads_and_patches(tmp_path, monkeypatch):
         entry_points=[fake_entry_point("my_feature", "titan_my_feature.plugin")]
     )
     assert pm.records["my_feature"].state == "enabled"
-    engine = PatchEngine()
-    register_patches(pm, engine, errors := [])
     import megatron.core.parallel_state as ps
 
     original = ps.initialize_model_parallel
-    engine.apply_ready()
+    engine = PatchEngine()
+    register_patches(pm, engine, errors := [])  # the module is imported: applied at once
     try:
         status = {p.id: p.status for p in engine.patches()}
         assert status["my_feature.example"] == "applied" and not errors

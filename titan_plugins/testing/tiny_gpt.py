@@ -69,6 +69,7 @@ def init_parallel(tp: int = 1, pp: int = 1, ep: int = 1, vpp: int | None = None)
         )
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
+    _destroy_subgroups()
     mrandom.get_cuda_rng_tracker().reset()
     _reset_run_globals()
     ps.initialize_model_parallel(
@@ -78,6 +79,20 @@ def init_parallel(tp: int = 1, pp: int = 1, ep: int = 1, vpp: int | None = None)
         expert_model_parallel_size=ep,
     )
     mrandom.model_parallel_cuda_manual_seed(PARALLEL_SEED)
+
+
+def _destroy_subgroups() -> None:
+    """Shut down every process group except the world one.
+
+    megatron's ``destroy_model_parallel`` only forgets its groups; each gloo group keeps two
+    threads, so a long-lived worker running many tasks would pile up thousands of them.
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    world = c10d.GroupMember.WORLD
+    for group in list(c10d._world.pg_map):
+        if group is not world and group is not None:
+            torch.distributed.destroy_process_group(group)
 
 
 def _reset_run_globals() -> None:

@@ -22,12 +22,13 @@ import os
 import pickle
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Any
 
 from titan_plugins.testing._worker_process import FunctionRef, worker_main
+from titan_plugins.testing.activation import environ
 
 __all__ = ["GlooWorkerPool", "RemoteTraceback", "WorkerError", "WorkerPoolError", "WorkerTimeout"]
 
@@ -60,20 +61,6 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
-
-
-@contextlib.contextmanager
-def _environment(overrides: dict[str, str]) -> Iterator[None]:
-    saved = {key: os.environ.get(key) for key in overrides}
-    os.environ.update(overrides)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _function_ref(fn: Callable[..., Any]) -> FunctionRef:
@@ -147,7 +134,7 @@ class GlooWorkerPool:
             port = self._store.port
             ctx = multiprocessing.get_context("spawn")
             env = {**self.env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-            with _ENV_LOCK, _environment(env):
+            with _ENV_LOCK, environ(env):
                 for rank in range(self.world_size):
                     parent_conn, child_conn = ctx.Pipe()
                     proc = ctx.Process(
