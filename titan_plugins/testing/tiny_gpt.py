@@ -54,8 +54,10 @@ PARALLEL_SEED = 1234  # seed given to model_parallel_cuda_manual_seed: fixes the
 def init_parallel(tp: int = 1, pp: int = 1, ep: int = 1, vpp: int | None = None) -> None:
     """(Re)create megatron's model-parallel state on the existing torch.distributed world.
 
-    Destroys any previous model-parallel groups and resets the RNG tracker first, so tasks sharing
-    a long-lived worker do not see each other's layout; then seeds megatron's RNGs
+    Switches megatron's parallel state to this layout (its groups are created the first time a
+    worker uses the layout and reused after, see ``_use_layout``) and resets the RNG tracker and
+    per-run globals, so tasks sharing a long-lived worker do not see each other's state; then
+    seeds megatron's RNGs
     (``model_parallel_cuda_manual_seed(1234)``), which makes the initial weights a function of the
     layout only. The gloo world group itself is left alone.
     """
@@ -67,32 +69,47 @@ def init_parallel(tp: int = 1, pp: int = 1, ep: int = 1, vpp: int | None = None)
             "init_parallel needs torch.distributed initialised: run the task in a "
             "titan_plugins.testing.workers.GlooWorkerPool (or call init_process_group('gloo'))."
         )
-    if ps.model_parallel_is_initialized():
-        ps.destroy_model_parallel()
-    _destroy_subgroups()
     mrandom.get_cuda_rng_tracker().reset()
     _reset_run_globals()
-    ps.initialize_model_parallel(
-        tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=pp,
-        virtual_pipeline_model_parallel_size=vpp,
-        expert_model_parallel_size=ep,
-    )
+    _use_layout(ps, (tp, pp, ep, vpp))
     mrandom.model_parallel_cuda_manual_seed(PARALLEL_SEED)
 
 
-def _destroy_subgroups() -> None:
-    """Shut down every process group except the world one.
+_PRISTINE: dict[str, Any] = {}
+_LAYOUTS: dict[tuple, dict[str, Any]] = {}
 
-    megatron's ``destroy_model_parallel`` only forgets its groups; each gloo group keeps two
-    threads, so a long-lived worker running many tasks would pile up thousands of them.
+
+def _parallel_globals(ps: Any) -> dict[str, Any]:
+    """megatron's model-parallel state: the module's ``_UPPER_CASE`` globals."""
+    return {
+        k: v for k, v in vars(ps).items() if k.startswith("_") and k[1:2].isupper() and k.isupper()
+    }
+
+
+def _use_layout(ps: Any, key: tuple) -> None:
+    """Switch megatron to the groups of layout ``key``, creating them only the first time.
+
+    Groups are never destroyed: megatron's ``destroy_model_parallel`` frees some gloo groups
+    on one rank while the peers still hold theirs, and a gloo group whose peer closed its
+    sockets busy-loops its I/O thread. Long-lived workers would pile up thousands of such
+    threads. Each layout's groups are created once per worker and restored afterwards.
     """
-    from torch.distributed import distributed_c10d as c10d
-
-    world = c10d.GroupMember.WORLD
-    for group in list(c10d._world.pg_map):
-        if group is not world and group is not None:
-            torch.distributed.destroy_process_group(group)
+    tp, pp, ep, vpp = key
+    if not _PRISTINE:
+        if ps.model_parallel_is_initialized():  # set up by someone else: start from scratch
+            ps.destroy_model_parallel()
+        _PRISTINE.update(_parallel_globals(ps))
+    cached = _LAYOUTS.get(key)
+    if cached is None:
+        vars(ps).update(_PRISTINE)
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            virtual_pipeline_model_parallel_size=vpp,
+            expert_model_parallel_size=ep,
+        )
+        cached = _LAYOUTS[key] = _parallel_globals(ps)
+    vars(ps).update(cached)
 
 
 def _reset_run_globals() -> None:
