@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -43,6 +44,9 @@ class PatchEngine:
         self._targets: dict[str, _Target] = {}
         self._ids: dict[str, Patch] = {}
         self._order: list[str] = []
+        # The watcher consults these on every import in the process: keep them O(1).
+        self._watched: set[str] = set()
+        self.deferred: set[str] = set()  # imported but still executing when we wanted to patch
 
     # ---------------------------------------------------------------- registration
     def register(self, patch: Patch, plugin: str = "") -> None:
@@ -68,6 +72,7 @@ class PatchEngine:
         if target.is_applied:
             self._unapply(target)  # re-apply the whole chain with the newcomer at its end
         target.patches.append(patch)
+        self._watched.add(patch.module)
         self.apply_module_if_ready(patch.module)
 
     def withdraw(self, plugin: str) -> None:
@@ -82,6 +87,7 @@ class PatchEngine:
             self.apply_module_if_ready(key.split(":", 1)[0])
         for pid in [pid for pid, p in self._ids.items() if p.plugin == plugin]:
             del self._ids[pid]
+        self._watched = {t.key.split(":", 1)[0] for t in self._targets.values() if t.patches}
 
     # ---------------------------------------------------------------- queries
     def patches(self) -> list[Patch]:
@@ -97,19 +103,23 @@ class PatchEngine:
         }
 
     def watched_modules(self) -> set[str]:
-        """Modules whose (re-)execution must be followed by patching: pending or applied."""
-        return {
-            t.key.split(":", 1)[0]
-            for t in self._targets.values()
-            if any(p.status in (PENDING, APPLIED) for p in t.patches)
-        }
+        """Modules whose (re-)execution must be followed by patching."""
+        return self._watched
 
     # ---------------------------------------------------------------- application
     def apply_module_if_ready(self, name: str) -> None:
         """Apply the targets of ``name`` if that module has finished executing."""
         module = targets.module_ready(name)
         if module is not None:
+            self.deferred.discard(name)
             self.apply_module(module, fresh=False)
+        elif name in sys.modules:
+            self.deferred.add(name)
+
+    def retry_deferred(self) -> None:
+        """Apply the targets of modules that were still executing at activation, once done."""
+        for name in list(self.deferred):
+            self.apply_module_if_ready(name)
 
     def apply_ready(self) -> None:
         """Apply every target whose module has already executed (late activation, retries)."""

@@ -60,7 +60,8 @@ class PatchWatcher(importlib.abc.MetaPathFinder):
                 trigger()
             if self.engine is None:
                 return None
-            self.engine.apply_ready()  # modules that were mid-import at activation
+            if self.engine.deferred:  # modules that were mid-import at activation
+                self.engine.retry_deferred()
             if fullname not in self.engine.watched_modules():
                 return None
             spec = self._find_with_others(fullname, path, target)
