@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 from titan_moe_ep_overlap import selection, settings
 from titan_plugins import platform
 from titan_plugins.doctor import FAIL, OK, WARN, Check
 
 
-def _deep_ep_installed() -> bool:
-    if "deep_ep" in sys.modules:
-        return True
-    try:
-        return importlib.util.find_spec("deep_ep") is not None
-    except (ValueError, ImportError):
-        return False
-
-
 def check_deep_ep() -> Check:
     """Is DeepEP installed, and does it have the v1 API megatron-core 0.16 imports?"""
-    if not _deep_ep_installed():
+    if not selection.installed():
         return Check(
             "moe_ep_overlap.deep_ep", OK,
             "deep_ep not installed: the torch.distributed backend serves the flex dispatcher",

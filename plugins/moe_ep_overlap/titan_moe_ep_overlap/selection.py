@@ -45,7 +45,8 @@ def torch_backend_api() -> SimpleNamespace:
     )  # fmt: skip
 
 
-def _installed() -> bool:
+def installed() -> bool:
+    """Whether a ``deep_ep`` package is importable (found, not imported)."""
     if "deep_ep" in sys.modules:
         return True
     try:
@@ -91,7 +92,7 @@ def select_backend() -> Selection:
     choice = settings.backend_choice()
     if choice == "torch":
         _selected = Selection(TORCH, "forced by TITAN_MOE_EP_OVERLAP_BACKEND=torch", None)
-    elif not _installed():
+    elif not installed():
         if choice == "deep_ep":
             complain(f"moe_ep_overlap: TITAN_MOE_EP_OVERLAP_BACKEND=deep_ep but deep_ep is not "
                      f"installed; using the torch.distributed backend. Fix: {_FIX}")  # fmt: skip

@@ -193,11 +193,18 @@ def test_peer_killed_mid_step_raises_within_timeout() -> None:
     assert TIMEOUT_S - 0.1 < survivor["elapsed"] < TIMEOUT_S + 2
 
 
+HTTP_METADATA_SERVER = os.path.join(
+    os.path.dirname(sys.executable), "mooncake_http_metadata_server"
+)
+
+
+@pytest.mark.skipif(
+    not os.path.exists(HTTP_METADATA_SERVER),
+    reason="mooncake_http_metadata_server is not installed with this Mooncake wheel",
+)
 def test_http_metadata_server_session() -> None:
     """The optional metadata mode: Mooncake's bundled HTTP server instead of P2PHANDSHAKE."""
-    server_bin = os.path.join(os.path.dirname(sys.executable), "mooncake_http_metadata_server")
-    if not os.path.exists(server_bin):
-        pytest.skip(f"{server_bin} not installed with this Mooncake wheel")
+    server_bin = HTTP_METADATA_SERVER
     port = _free_port()
     server = subprocess.Popen(
         [server_bin, "--host", "127.0.0.1", "--port", str(port), "--log-level", "ERROR"],
