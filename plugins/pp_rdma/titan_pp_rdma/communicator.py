@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from titan_pp_rdma.session import open_session
 from titan_pp_rdma.settings import PPRdmaSettings
 from titan_pp_rdma.torch_p2p import HeldWork, alias, batched_p2p_ops_fixed
 from titan_pp_rdma.wire import BWD, FWD
@@ -74,6 +73,10 @@ def build_communicator_class(base: type) -> type:
             settings = self.__dict__.get("_pp_rdma_settings")
             if settings is None:
                 settings = self._pp_rdma_settings = PPRdmaSettings.from_env()
+            # Imported at first use: the session stack (Mooncake engine, transport) is not
+            # needed while megatron imports, only when a schedule first communicates.
+            from titan_pp_rdma.session import open_session
+
             session = open_session(self.pp_group, settings)
             prev_shape = next_shape = tensor_shape
             if cfg.variable_seq_lengths or getattr(cfg, "mtp_standalone", False):
