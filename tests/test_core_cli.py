@@ -22,8 +22,8 @@ def only_example(monkeypatch):
             fake_entry_point("example", "titan_example_plugin", "titan-example-plugin", "0.1.0")
         ],
     )
-    monkeypatch.setattr(activation, "_ACTIVE", None)
-    for var in ("TITAN_PLUGINS", "TITAN_EXAMPLE", "TITAN_PLUGINS_DISABLE"):
+    monkeypatch.setattr(activation, "_CURRENT", None)
+    for var in ("TITAN_PLUGINS", "TITAN_EXAMPLE", "TITAN_PLUGINS_DISABLE", "TITAN_PLUGINS_STRICT"):
         monkeypatch.delenv(var, raising=False)
     yield
     activation.undo()
@@ -72,3 +72,35 @@ def test_env_documents_switches_and_flags_typos(only_example, capsys, monkeypatc
     out = capsys.readouterr().out
     assert "TITAN_PLUGINS_STRICT" in out and "TITAN_EXAMPLE_GREETING" in out
     assert "TITAN_EXAMPL_GREETING is set but no installed plugin declares it" in out
+
+
+@pytest.mark.parametrize("command", ["list", "report", "doctor", "env"])
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [("TITAN_PLUGINS", "maybe"), ("TITAN_PLUGINS_ONLY", "nonexistent"), ("TITAN_EXAMPLE", "nah")],
+)
+def test_strict_commands_show_the_diagnosis_and_fail(
+    only_example, capsys, monkeypatch, command, var, value
+):
+    monkeypatch.setenv("TITAN_PLUGINS_STRICT", "1")
+    monkeypatch.setenv(var, value)
+    assert cli.main([command] + (["--no-import"] if command == "doctor" else [])) == 1
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    assert var in captured.out + captured.err and value in captured.out + captured.err
+
+
+def test_without_strict_the_same_value_only_warns(only_example, capsys, monkeypatch):
+    monkeypatch.setenv("TITAN_EXAMPLE", "nah")
+    assert cli.main(["list"]) == 0
+    capsys.readouterr()
+    assert cli.main(["doctor", "--json", "--no-import"]) == 1  # doctor calls it a failure
+    checks = json.loads(capsys.readouterr().out)
+    (bad,) = [c for c in checks if c["name"] == "setting"]
+    assert bad["status"] == "fail" and "TITAN_EXAMPLE='nah'" in bad["detail"]
+
+
+def test_malformed_strict_value_counts_as_strict(only_example, capsys, monkeypatch):
+    monkeypatch.setenv("TITAN_PLUGINS_STRICT", "maybe")
+    assert cli.main(["list"]) == 1
+    assert "TITAN_PLUGINS_STRICT='maybe'" in capsys.readouterr().err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from titan_plugins import hookimpl
@@ -89,8 +91,101 @@ def test_master_switch_blocks_everything(plugins, monkeypatch):
     assert {r.state for r in pm.records.values()} == {DISABLED}
 
 
-def test_duplicate_names_are_reported(plugins):
+def test_two_third_parties_claiming_one_name_both_wait_for_a_pick(plugins, monkeypatch, caplog):
     dup = fake_entry_point("good", "titan_fake_good", "titan-good-fork")
     pm = get_plugin_manager(entry_points=[*plugins, dup])
+    assert "good" not in pm.records  # neither loads
+    first, second = pm.records["good@titan-good"], pm.records["good@titan-good-fork"]
+    assert first.state == second.state == FAILED
+    assert "titan-good, titan-good-fork" in first.reason
+    assert "TITAN_PLUGINS_PICK=good=<distribution>" in first.reason
+    monkeypatch.setenv("TITAN_PLUGINS_PICK", "good=titan-good-fork")
+    pm = get_plugin_manager(entry_points=[*plugins, dup])
+    assert (pm.records["good"].state, pm.records["good"].distribution) == (
+        ENABLED,
+        "titan-good-fork",
+    )
+    assert "chose titan-good-fork" in pm.records["good@titan-good"].reason
+
+
+def test_a_first_party_name_cannot_be_taken(plugins):
+    fake_module("titan_fake_impostor")
+    impostor = fake_entry_point("fp8_blockwise", "titan_fake_impostor", "evil-fp8")
+    real = fake_entry_point("fp8_blockwise", "titan_fake_good", "titan-fp8-blockwise")
+    pm = get_plugin_manager(entry_points=[impostor, real])
+    assert (pm.records["fp8_blockwise"].state, pm.records["fp8_blockwise"].distribution) == (
+        ENABLED,
+        "titan-fp8-blockwise",
+    )
+    refused = pm.records["fp8_blockwise@evil-fp8"]
+    assert refused.state == FAILED
+    assert "belongs to titan-fp8-blockwise" in refused.reason and "evil-fp8" in refused.reason
+    # Alone, an impostor still does not get the name.
+    pm = get_plugin_manager(entry_points=[impostor])
+    assert "fp8_blockwise" not in pm.records
+    assert pm.records["fp8_blockwise@evil-fp8"].state == FAILED
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("plugins_debug", "reserved"),
+        ("plugins", "reserved"),
+        ("Fp8", "lower snake case"),
+        ("my-plugin", "lower snake case"),
+    ],
+)
+def test_reserved_and_malformed_names_are_refused(name, why):
+    fake_module("titan_fake_named")
+    pm = get_plugin_manager(entry_points=[fake_entry_point(name, "titan_fake_named", "x-dist")])
+    assert name not in pm.records
+    record = pm.records[f"{name}@x-dist"]
+    assert record.state == FAILED and why in record.reason
+
+
+def test_sys_exit_at_import_is_contained(tmp_path, monkeypatch, plugins):
+    (tmp_path / "titan_fake_exits.py").write_text("import sys\nsys.exit(3)\n")
+    pm = get_plugin_manager(entry_points=[*plugins, fake_entry_point("exits", "titan_fake_exits")])
+    assert pm.records["exits"].state == FAILED
+    assert "sys.exit(3)" in pm.records["exits"].reason
     assert pm.records["good"].state == ENABLED
-    assert pm.records["good@titan-good-fork"].state == FAILED
+
+
+def test_keyboard_interrupt_is_reported_then_raised(tmp_path, plugins, caplog):
+    (tmp_path / "titan_fake_ctrlc.py").write_text("raise KeyboardInterrupt\n")
+    with pytest.raises(KeyboardInterrupt):
+        get_plugin_manager(entry_points=[fake_entry_point("ctrlc", "titan_fake_ctrlc")])
+    assert "plugin ctrlc not loaded" in caplog.text
+
+
+def test_watchdog_names_a_plugin_whose_import_hangs(tmp_path, plugins, monkeypatch, caplog):
+    monkeypatch.setattr("titan_plugins.manager.SLOW_IMPORT_S", 0.05)
+    (tmp_path / "titan_fake_slow.py").write_text("import time\ntime.sleep(0.5)\n")
+    with caplog.at_level(logging.WARNING, logger="titan_plugins"):
+        pm = get_plugin_manager(entry_points=[fake_entry_point("slow", "titan_fake_slow")])
+    assert pm.records["slow"].state == ENABLED  # slow is not broken: it loads
+    assert "plugin slow (fake-slow) is still importing after" in caplog.text
+    assert "TITAN_PLUGINS_DISABLE=slow" in caplog.text
+
+
+def test_training_loop_hooks_must_be_wrappers(plugins):
+    @hookimpl
+    def titan_train_step(step):
+        return "replaced the schedule"
+
+    @hookimpl(wrapper=True)
+    def titan_optimizer_step(step):
+        return (yield)
+
+    fake_module("titan_fake_plain_step", titan_train_step=titan_train_step)
+    fake_module("titan_fake_wrapping_step", titan_optimizer_step=titan_optimizer_step)
+    pm = get_plugin_manager(
+        entry_points=[
+            fake_entry_point("plain", "titan_fake_plain_step"),
+            fake_entry_point("wrapping", "titan_fake_wrapping_step"),
+        ]
+    )
+    assert pm.records["plain"].state == FAILED
+    assert "titan_train_step without wrapper=True" in pm.records["plain"].reason
+    assert pm.get_plugin("plain") is None
+    assert pm.records["wrapping"].state == ENABLED

@@ -9,12 +9,8 @@ effect; activation happens through the torch.backends entry point, :func:`apply`
 
 from __future__ import annotations
 
-import pluggy
-
 from titan_plugins.activation import active_manager, apply, undo
-from titan_plugins.hookspecs import PROJECT
+from titan_plugins.hookspecs import hookimpl
 from titan_plugins.version import __version__
-
-hookimpl = pluggy.HookimplMarker(PROJECT)
 
 __all__ = ["__version__", "active_manager", "apply", "hookimpl", "undo"]

@@ -6,16 +6,17 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-import pluggy
-
-from titan_plugins.hookspecs import PROJECT
+from titan_plugins import train_step
+from titan_plugins.hookspecs import hookimpl
 from titan_plugins.patching.record import Patch
 from titan_plugins.settings import Setting
 from titan_plugins.switches import CORE_SETTINGS
 
-hookimpl = pluggy.HookimplMarker(PROJECT)
-
 _TRAINING_GATE = ("megatron-core>=0.14",)
+_CORE_GATE = ("megatron-core>=0.16,<0.17",)
+_STEP_REMOVE_WHEN = (
+    "megatron-core offers callbacks around a training iteration and its microbatches"
+)
 
 
 def _wrap_add_arguments(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -53,10 +54,80 @@ def titan_settings() -> list[Setting]:
     return list(CORE_SETTINGS)
 
 
+@hookimpl(tryfirst=True)
+def titan_train_step(step: train_step.TrainStep) -> Any:
+    """Innermost implementation: run Megatron's schedule (plugins wrap this)."""
+    return train_step.run_original(step)
+
+
+@hookimpl(tryfirst=True)
+def titan_forward_microbatch(call: train_step.Microbatch) -> Any:
+    """Innermost implementation: run Megatron's forward_step."""
+    return train_step.run_original(call)
+
+
+@hookimpl(tryfirst=True)
+def titan_backward_microbatch(call: train_step.Microbatch) -> Any:
+    """Innermost implementation: run Megatron's backward_step."""
+    return train_step.run_original(call)
+
+
+@hookimpl(tryfirst=True)
+def titan_optimizer_step(step: train_step.OptimizerStep) -> Any:
+    """Innermost implementation: run the optimizer's step."""
+    return train_step.run_original(step)
+
+
+def _train_step_patches() -> list[Patch]:
+    """One record per Megatron entry point the training-loop hooks need."""
+    records = [
+        Patch(
+            id=f"core.train_step.{kind}",
+            target=f"{train_step.SCHEDULES}:{function}",
+            replace=train_step.wrap_schedule(kind),
+            requires=_CORE_GATE,
+            rationale="fire titan_train_step around each forward-backward call, so plugins "
+            "need no schedule patches of their own",
+            upstream="schedules.py get_forward_backward_func looks these up at call time",
+            remove_when=_STEP_REMOVE_WHEN,
+        )
+        for function, kind in train_step.SCHEDULE_KINDS.items()
+    ]
+    records += [
+        Patch(
+            id=f"core.{phase}_microbatch",
+            target=f"{train_step.SCHEDULES}:{phase}_step",
+            replace=train_step.wrap_microbatch(phase),
+            requires=_CORE_GATE,
+            rationale=f"fire titan_{phase}_microbatch around each microbatch {phase}",
+            upstream=f"schedules.py {phase}_step (a module global the schedules call)",
+            remove_when=_STEP_REMOVE_WHEN,
+        )
+        for phase in ("forward", "backward")
+    ]
+    records += [
+        Patch(
+            id=f"core.optimizer_step.{cls}",
+            target=f"{train_step.OPTIMIZER}:{cls}.step",
+            replace=train_step.wrap_optimizer_step,
+            requires=_CORE_GATE,
+            rationale="fire titan_optimizer_step around the training loop's optimizer step "
+            "(grad norm and success are known only there)",
+            upstream="megatron/core/optimizer/optimizer.py MegatronOptimizer subclasses",
+            remove_when="megatron-core offers a callback around the optimizer step",
+        )
+        for cls in train_step.OPTIMIZER_CLASSES
+    ]
+    return records
+
+
 @hookimpl
 def titan_register_patches(register: Callable[[Patch], None]) -> None:
     """Route megatron.training's parser and config through the titan_add_arguments /
-    titan_configure hooks (megatron.training exists only in a Megatron-LM checkout)."""
+    titan_configure hooks (megatron.training exists only in a Megatron-LM checkout), and
+    megatron-core's schedules and optimizers through the training-loop hooks."""
+    for record in _train_step_patches():
+        register(record)
     register(
         Patch(
             id="core.add_arguments",

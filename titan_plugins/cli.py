@@ -9,24 +9,56 @@ import os
 import sys
 from typing import Any
 
-from titan_plugins import activation, report
+from titan_plugins import activation, report, settings
 from titan_plugins.doctor import FAIL, OK, WARN, Check, core_checks
+from titan_plugins.patching.record import FAILED, PENDING, SKIPPED
 
 
 def _activate(import_targets: bool) -> activation.Activation:
-    state = activation.apply()
-    if import_targets and state.engine is not None:
-        for name in sorted(state.engine.pending_modules()):
-            try:
-                importlib.import_module(name)
-            except Exception as err:  # report, never crash the CLI
-                for patch in state.engine.patches():
-                    if patch.module == name and patch.status == "pending":
-                        patch.set_status(
-                            "skipped" if patch.optional else "failed",
-                            f"import {name} failed: {type(err).__name__}: {err}",
-                        )
+    """Activate collecting every problem (never raising, STRICT or not), so the commands can
+    show the whole diagnosis; :func:`_strict_exit` turns problems into the exit status."""
+    with settings.strictness(False):
+        try:
+            state = activation.apply(strict=False)
+        except Exception as err:  # report, never crash the CLI
+            state = activation.current() or activation.Activation("apply")
+            state.state, state.detail = activation.FAILED, f"{type(err).__name__}: {err}"
+            return state
+        if import_targets and state.engine is not None:
+            for name in sorted(state.engine.pending_modules()):
+                try:
+                    importlib.import_module(name)
+                except Exception as err:  # report, never crash the CLI
+                    for patch in state.engine.patches():
+                        if patch.module == name and patch.status == PENDING:
+                            patch.set_status(
+                                SKIPPED if patch.optional else FAILED,
+                                f"import {name} failed: {type(err).__name__}: {err}",
+                            )
     return state
+
+
+def _strict_problems(state: activation.Activation) -> list[str]:
+    """What TITAN_PLUGINS_STRICT=1 would have stopped on: bad values, failed plugins/patches."""
+    found = list(state.problems) + list(state.errors)
+    if state.state == activation.FAILED:
+        found.append(f"activation failed: {state.detail}")
+    for patch in state.engine.patches() if state.engine else []:
+        if patch.status == FAILED or (patch.status == SKIPPED and not patch.optional):
+            found.append(f"patch {patch.id}: {patch.status}: {patch.detail}")
+    return found
+
+
+def _strict_exit(state: activation.Activation) -> int:
+    """Exit status: 1 under STRICT when something is wrong (printed to stderr), else 0."""
+    if not settings.strict():
+        return 0
+    found = _strict_problems(state)
+    for problem in found:
+        print(f"error: {problem}", file=sys.stderr)
+    if found:
+        print("error: TITAN_PLUGINS_STRICT=1 and the problems above", file=sys.stderr)
+    return 1 if found else 0
 
 
 def _print_list(data: dict[str, Any], out: Any) -> None:
@@ -62,9 +94,15 @@ def _doctor(as_json: bool, import_targets: bool) -> int:
     checks: list[tuple[str, Check]] = [
         ("core", c) for c in core_checks(activation.autoload_state())
     ]
+    checks.extend(
+        ("core", Check("setting", FAIL, problem, "fix the value or unset the variable"))
+        for problem in state.problems
+    )
+    if state.state == activation.FAILED:
+        checks.append(("core", Check("activation", FAIL, state.detail, "see the message above")))
     if state.manager is not None:
         for record in state.manager.records.values():
-            if record.state == "failed":
+            if record.state == "failed":  # the manager's plugin state
                 checks.append(
                     (record.name, Check("load", FAIL, record.reason, "fix or uninstall the plugin"))
                 )
@@ -75,7 +113,7 @@ def _doctor(as_json: bool, import_targets: bool) -> int:
                 found = [Check("doctor", FAIL, f"titan_doctor raised {err}", "report a plugin bug")]
             checks.extend((impl.plugin_name, c) for c in found)
         for patch in state.engine.patches() if state.engine else []:
-            if patch.status == "failed":
+            if patch.status == FAILED:
                 checks.append(
                     (
                         patch.plugin,
@@ -98,40 +136,39 @@ def _doctor(as_json: bool, import_targets: bool) -> int:
             )
             if check.fix and check.status != OK:
                 print(f"       fix: {check.fix}")
-    return 1 if worst == FAIL else 0
+    return 1 if worst == FAIL or _strict_exit(state) else 0
 
 
 def _env() -> int:
+    from titan_plugins.switches import CORE_SETTINGS, plugin_switch
+
     state = _activate(import_targets=False)
-    rows: list[tuple[str, Any]] = []
+    rows: list[tuple[str, Any]] = [("titan-core", s) for s in CORE_SETTINGS]
     if state.manager is not None:
+        for name in state.manager.records:
+            if "@" not in name:  # refused duplicates have no switch of their own
+                rows.append((name, plugin_switch(name)))
         for impl in state.manager.hook.titan_settings.get_hookimpls():
+            if impl.plugin_name == "titan-core":
+                continue  # listed above, also when nothing is active
             try:
                 rows.extend((impl.plugin_name, s) for s in impl.function() or [])
             except Exception as err:
                 print(f"{impl.plugin_name}: titan_settings raised {err}", file=sys.stderr)
-    else:
-        from titan_plugins.switches import CORE_SETTINGS
-
-        rows = [("titan-core", s) for s in CORE_SETTINGS]
     known = {s.var for _, s in rows}
     for plugin, setting in rows:
         current = os.environ.get(setting.var)
         shown = "(unset)" if current is None else repr(current)
-        choices = f" [{'|'.join(setting.choices)}]" if setting.choices else ""
         print(
-            f"{setting.var}={shown}  default {setting.default!r}{choices}  ({plugin})\n    {setting.doc}"
+            f"{setting.var}={shown}  default {setting.shown_default()}  "
+            f"[{setting.accepted()}]  ({plugin})\n    {setting.doc}"
         )
-    unknown = sorted(v for v in os.environ if v.startswith("TITAN_") and v not in known)
-    if state.manager is not None:
-        from titan_plugins.switches import plugin_switch_var
-
-        unknown = [
-            v for v in unknown if v not in {plugin_switch_var(n) for n in state.manager.records}
-        ]
-    for var in unknown:
+        problem = setting.problem()
+        if problem:
+            print(f"    error: {problem}")
+    for var in sorted(v for v in os.environ if v.startswith("TITAN_") and v not in known):
         print(f"warning: {var} is set but no installed plugin declares it (typo?)")
-    return 0
+    return _strict_exit(state)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,14 +195,25 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "list":
-        _print_list(report.collect(_activate(args.import_targets)), sys.stdout)
-        return 0
+        state = _activate(args.import_targets)
+        _print_list(report.collect(state), sys.stdout)
+        return _strict_exit(state)
     if args.command == "report":
-        print(json.dumps(report.collect(_activate(args.import_targets)), indent=2, default=str))
-        return 0
+        state = _activate(args.import_targets)
+        print(json.dumps(report.collect(state), indent=2, default=str))
+        return _strict_exit(state)
     if args.command == "doctor":
         return _doctor(args.json, not args.no_import)
     return _env()
+
+
+def run() -> int:
+    """Console-script entry point: :func:`main`, quiet when the reader of a pipe goes away."""
+    try:
+        return main()
+    except BrokenPipeError:  # `titan-plugins env | head`
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -19,9 +19,11 @@ if TYPE_CHECKING:
     from titan_plugins.doctor import Check
     from titan_plugins.patching import Patch
     from titan_plugins.settings import Setting
+    from titan_plugins.train_step import Microbatch, OptimizerStep, TrainStep
 
 PROJECT = "titan"
 hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)  # the one marker; re-exported as titan_plugins.hookimpl
 
 # --------------------------------------------------------------------------------------------
 # Activation hooks: called once per activation, for every enabled plugin.
@@ -82,6 +84,71 @@ def titan_configure(config: Any) -> None:
 
     :param config: the ``TransformerConfig`` instance (mutable).
     :return: nothing.
+    """
+
+
+# --------------------------------------------------------------------------------------------
+# Training-loop hooks: the core patches Megatron once and calls these; implement them only as
+# wrappers (``@hookimpl(wrapper=True)``, ``result = yield``, return it). The core's own
+# implementation is the innermost one: it runs Megatron's original function. A plugin that
+# implements one of them without ``wrapper=True`` is refused at load.
+# --------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def titan_train_step(step: TrainStep) -> Any:
+    """Wrap one call of Megatron's forward-backward schedule (one iteration, or an evaluation
+    pass when ``step.forward_only``).
+
+    Firstresult: the core's implementation, the only non-wrapper one, runs Megatron's function.
+
+    Fires for every call of ``schedules.forward_backward_no_pipelining`` / ``_pipelining_without_
+    interleaving`` / ``_pipelining_with_interleaving`` (Megatron-LM's ``train_step``, slime,
+    miles and plain megatron.core loops all call these), in every rank.
+
+    :param step: a :class:`titan_plugins.train_step.TrainStep`: ``schedule``, ``index``,
+        ``forward_only``, ``model``, ``num_microbatches``, the call's ``args`` / ``kwargs``, and
+        ``state`` (scratch per plugin).
+    :return: the schedule's result (per-microbatch loss dicts on the last pipeline stage, ``[]``
+        elsewhere): a wrapper returns what ``yield`` gave it.
+    """
+
+
+@hookspec(firstresult=True)
+def titan_forward_microbatch(call: Microbatch) -> Any:
+    """Wrap one ``schedules.forward_step`` (the forward of one microbatch on one model chunk).
+
+    Firstresult: the core's implementation, the only non-wrapper one, runs Megatron's function.
+
+    :param call: a :class:`titan_plugins.train_step.Microbatch` (``model``, ``input_tensor``,
+        ``vp_stage``, ``step``: the running TrainStep).
+    :return: forward_step's result (output tensor, number of tokens).
+    """
+
+
+@hookspec(firstresult=True)
+def titan_backward_microbatch(call: Microbatch) -> Any:
+    """Wrap one ``schedules.backward_step`` (the backward of one microbatch on one chunk).
+
+    Firstresult: the core's implementation, the only non-wrapper one, runs Megatron's function.
+
+    :param call: a :class:`titan_plugins.train_step.Microbatch` (``output_tensor``, ``step``).
+    :return: backward_step's result (the gradient for the previous stage, or None).
+    """
+
+
+@hookspec(firstresult=True)
+def titan_optimizer_step(step: OptimizerStep) -> Any:
+    """Wrap one optimizer step of the training loop (``MegatronOptimizer.step`` of the
+    optimizer the loop holds: Chained, MixedPrecision / Distributed, or FP32).
+
+    Firstresult: the core's implementation, the only non-wrapper one, runs Megatron's function.
+
+    Fires once per loop call (nested steps inside a chained optimizer do not fire).
+
+    :param step: a :class:`titan_plugins.train_step.OptimizerStep` (``optimizer``; ``step``: the
+        last training TrainStep of this process, whose ``result`` holds the losses).
+    :return: the optimizer's ``(update_successful, grad_norm, num_zeros_in_grad)``.
     """
 
 

@@ -1,7 +1,17 @@
-"""``get_plugin_manager()``: the pluggy manager, with discovery that never breaks the host."""
+"""``get_plugin_manager()``: the pluggy manager, with discovery that never breaks the host.
+
+Each plugin loads under its own error boundary (``BaseException``: a ``sys.exit`` at import ends
+only that plugin; Ctrl-C is reported, then re-raised), with a watchdog that names a plugin whose
+import hangs. Names are checked before anything is imported: a first-party name (the plugins
+this project ships) belongs to its own distribution; two third-party distributions claiming one
+name both stay out until the user picks one (``TITAN_PLUGINS_PICK``); names whose switch would
+collide with the core's switches are refused.
+"""
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -10,11 +20,22 @@ import pluggy
 
 from titan_plugins import hookspecs
 from titan_plugins._log import logger
-from titan_plugins.switches import disabled_reasons
+from titan_plugins.switches import PICK, disabled_reasons, name_problem
+from titan_plugins.train_step import WRAPPER_HOOKS
 
 ENTRY_POINT_GROUP = "titan_plugins"
 ENABLED, DISABLED, FAILED = "enabled", "disabled", "failed"
 BUILTIN = "titan-core"
+# The plugins this project ships: the name is reserved for its own distribution.
+FIRST_PARTY = {
+    "fp8_blockwise": "titan-fp8-blockwise",
+    "moe_ep_overlap": "titan-moe-ep-overlap",
+    "act_offload": "titan-act-offload",
+    "pp_rdma": "titan-pp-rdma",
+    "trace_analysis": "titan-trace-analysis",
+    "rewind": "titan-rewind",
+}
+SLOW_IMPORT_S = 5.0  # the watchdog names a plugin whose import runs longer than this
 
 
 @dataclass
@@ -47,6 +68,7 @@ class TitanPluginManager(pluggy.PluginManager):
     def __init__(self) -> None:
         super().__init__(hookspecs.PROJECT)
         self.records: dict[str, PluginRecord] = {}
+        self.problems: list[str] = []  # bad switch values seen while deciding what loads
 
 
 def discover() -> list[metadata.EntryPoint]:
@@ -54,14 +76,25 @@ def discover() -> list[metadata.EntryPoint]:
     return list(metadata.entry_points(group=ENTRY_POINT_GROUP))
 
 
+def _dist_name(ep: metadata.EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    return getattr(dist, "name", "") or ""
+
+
+def _record(ep: metadata.EntryPoint) -> PluginRecord:
+    dist = getattr(ep, "dist", None)
+    return PluginRecord(ep.name, _dist_name(ep), getattr(dist, "version", "") or "", ep.value)
+
+
 def get_plugin_manager(
     only: list[str] | None = None, entry_points: list[metadata.EntryPoint] | None = None
 ) -> TitanPluginManager:
     """Build the manager: hookspecs, built-ins, then the enabled installed plugins.
 
-    Disabled plugins are blocked before anything is loaded; a plugin whose import raises, or
-    that implements hooks this core does not know, is recorded as failed and left out while the
-    others load. Nothing here raises for a plugin's fault.
+    Disabled plugins are blocked before anything is loaded; a plugin whose import fails, that
+    claims a name it may not have, or that implements hooks wrongly or that this core does not
+    know, is recorded as failed and left out while the others load. Nothing here raises for a
+    plugin's fault (except Ctrl-C, re-raised after the report).
 
     :param only: an explicit allowlist of entry-point names (``apply(only=...)``).
     :param entry_points: override discovery (tests); defaults to :func:`discover`.
@@ -71,23 +104,8 @@ def get_plugin_manager(
     pm = TitanPluginManager()
     pm.add_hookspecs(hookspecs)
     pm.register(builtin, name=BUILTIN)
-    eps = discover() if entry_points is None else entry_points
-    by_name: dict[str, metadata.EntryPoint] = {}
-    for ep in eps:
-        dist = getattr(ep, "dist", None)
-        record = PluginRecord(
-            ep.name,
-            getattr(dist, "name", "") or "",
-            getattr(dist, "version", "") or "",
-            ep.value,
-        )
-        if ep.name in by_name or ep.name == BUILTIN:
-            record.state, record.reason = FAILED, "duplicate plugin name (another distribution)"
-            pm.records[f"{ep.name}@{record.distribution}"] = record
-            continue
-        by_name[ep.name] = ep
-        pm.records[ep.name] = record
-    for name, reason in disabled_reasons(by_name, only).items():
+    by_name = _claim_names(pm, discover() if entry_points is None else entry_points)
+    for name, reason in disabled_reasons(by_name, only, pm.problems).items():
         pm.set_blocked(name)
         pm.records[name].state, pm.records[name].reason = DISABLED, reason
     for name, ep in by_name.items():
@@ -95,19 +113,117 @@ def get_plugin_manager(
             continue
         _load_one(pm, pm.records[name], ep)
     _drop_unknown_hooks(pm)
+    _refuse_non_wrappers(pm)
     return pm
 
 
+def _claim_names(
+    pm: TitanPluginManager, eps: list[metadata.EntryPoint]
+) -> dict[str, metadata.EntryPoint]:
+    """Decide which entry point owns each name; record the refused ones (keyed name@dist)."""
+    claims: dict[str, list[metadata.EntryPoint]] = {}
+    for ep in eps:
+        claims.setdefault(ep.name, []).append(ep)
+    picks = dict(item.split("=", 1) for item in PICK.read() if "=" in item)
+    winners: dict[str, metadata.EntryPoint] = {}
+    for name, candidates in claims.items():
+        problem = name_problem(name)
+        if problem is not None:
+            for ep in candidates:
+                _refuse(pm, ep, problem)
+            continue
+        winner = _winner(name, candidates, picks.get(name))
+        for ep in candidates:
+            if ep is winner:
+                continue
+            _refuse(pm, ep, _collision_reason(name, ep, candidates, winner))
+        if winner is not None:
+            winners[name] = winner
+            pm.records[name] = _record(winner)
+    return winners
+
+
+def _winner(
+    name: str, candidates: list[metadata.EntryPoint], picked: str | None
+) -> metadata.EntryPoint | None:
+    owner = FIRST_PARTY.get(name)
+    if owner is not None:
+        own = [ep for ep in candidates if _dist_name(ep) == owner]
+        return own[0] if own else None
+    if len(candidates) == 1:
+        return candidates[0]
+    chosen = [ep for ep in candidates if _dist_name(ep) == picked]
+    return chosen[0] if len(chosen) == 1 else None
+
+
+def _collision_reason(
+    name: str,
+    ep: metadata.EntryPoint,
+    candidates: list[metadata.EntryPoint],
+    winner: metadata.EntryPoint | None,
+) -> str:
+    dists = ", ".join(sorted(_dist_name(c) or c.value for c in candidates))
+    owner = FIRST_PARTY.get(name)
+    if owner is not None:
+        return (
+            f"the name {name!r} belongs to {owner} (shipped by titan-plugins); "
+            f"{_dist_name(ep) or ep.value} may not take it: rename its entry point"
+        )
+    if winner is not None:
+        return f"name {name!r} is also claimed by {dists}; TITAN_PLUGINS_PICK chose {_dist_name(winner)}"
+    return (
+        f"name {name!r} is claimed by several distributions ({dists}); none loads until you "
+        f"pick one: TITAN_PLUGINS_PICK={name}=<distribution>, or uninstall the other"
+    )
+
+
+def _refuse(pm: TitanPluginManager, ep: metadata.EntryPoint, reason: str) -> None:
+    record = _record(ep)
+    record.state, record.reason = FAILED, reason
+    pm.records[f"{ep.name}@{record.distribution or ep.value}"] = record
+    logger.warning("plugin %s (%s) refused: %s", ep.name, record.distribution, reason)
+
+
 def _load_one(pm: TitanPluginManager, record: PluginRecord, ep: metadata.EntryPoint) -> None:
+    watchdog = threading.Timer(SLOW_IMPORT_S, _still_importing, (record, time.monotonic()))
+    watchdog.daemon = True
+    watchdog.start()
     try:
         plugin = ep.load()
         pm.register(plugin, name=record.name)
-    except Exception as err:  # a broken plugin must not break import torch or the others
+    except BaseException as err:  # a broken plugin must not break import torch or the others
         record.state = FAILED
-        record.reason = f"load failed: {type(err).__name__}: {err}"
+        if isinstance(err, SystemExit):
+            record.reason = f"load failed: the plugin called sys.exit({err.code!r}) at import"
+        else:
+            record.reason = f"load failed: {type(err).__name__}: {err}"
         logger.warning("plugin %s not loaded: %s", record.name, record.reason)
+        if isinstance(err, KeyboardInterrupt):
+            raise
         return
+    finally:
+        watchdog.cancel()
     record.plugin = plugin
+
+
+def _still_importing(record: PluginRecord, since: float) -> None:
+    logger.warning(
+        "plugin %s (%s) is still importing after %.0f s: it may hang this process; "
+        "TITAN_PLUGINS_DISABLE=%s skips it",
+        record.name,
+        record.distribution or record.value,
+        time.monotonic() - since,
+        record.name,
+    )
+
+
+def _fail_plugin(pm: TitanPluginManager, plugin: object, reason: str) -> None:
+    name = pm.get_name(plugin) or "?"
+    pm.unregister(plugin)
+    record = pm.records.get(name)
+    if record is not None:
+        record.state, record.reason = FAILED, reason
+    logger.warning("plugin %s unregistered: %s", name, reason)
 
 
 def _drop_unknown_hooks(pm: TitanPluginManager) -> None:
@@ -118,7 +234,6 @@ def _drop_unknown_hooks(pm: TitanPluginManager) -> None:
             return
         except pluggy.PluginValidationError as err:
             plugin = err.plugin
-            name = pm.get_name(plugin) or "?"
             unknown = sorted(
                 hook
                 for hook in dir(pm.hook)
@@ -126,12 +241,25 @@ def _drop_unknown_hooks(pm: TitanPluginManager) -> None:
                 and not pm.hook.__dict__[hook].has_spec()
                 and any(impl.plugin is plugin for impl in pm.hook.__dict__[hook].get_hookimpls())
             )
-            pm.unregister(plugin)
-            record = pm.records.get(name)
-            if record is not None:
-                record.state = FAILED
-                record.reason = (
-                    f"implements hooks this core does not know ({', '.join(unknown)}); "
-                    "upgrade titan-plugins"
+            _fail_plugin(
+                pm,
+                plugin,
+                f"implements hooks this core does not know ({', '.join(unknown)}); "
+                "upgrade titan-plugins",
+            )
+
+
+def _refuse_non_wrappers(pm: TitanPluginManager) -> None:
+    """The training-loop hooks run Megatron's function in the core: a plugin may only wrap them
+    (a plain implementation would replace the schedule or the optimizer step)."""
+    for hook in WRAPPER_HOOKS:
+        for impl in getattr(pm.hook, hook).get_hookimpls():
+            if impl.plugin_name == BUILTIN or impl.wrapper or impl.hookwrapper:
+                continue
+            if pm.is_registered(impl.plugin):
+                _fail_plugin(
+                    pm,
+                    impl.plugin,
+                    f"implements {hook} without wrapper=True; use @hookimpl(wrapper=True) and "
+                    "return the result of yield",
                 )
-                logger.warning("plugin %s unregistered: %s", name, record.reason)

@@ -5,19 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 from titan_plugins import activation
-from titan_plugins.manager import BUILTIN
+from titan_plugins.manager import BUILTIN, ENABLED
+from titan_plugins.patching.record import FAILED, SKIPPED
 from titan_plugins.version import __version__
 
 
 def collect(state: activation.Activation | None = None) -> dict[str, Any]:
     """Snapshot of installed plugins, their state, hooks, patches and own reports."""
-    state = state or activation.active()
+    state = state or activation.current()
     out: dict[str, Any] = {
         "core_version": __version__,
         "autoload": activation.autoload_state(),
-        "active": bool(state and state.engine is not None),
+        "active": bool(state and state.is_active),
         "channel": state.channel if state else None,
         "inactive_reason": state.inactive_reason if state else "not activated in this process",
+        "problems": list(state.problems) if state else [],
         "plugins": [],
     }
     if state is None or state.manager is None:
@@ -29,10 +31,22 @@ def collect(state: activation.Activation | None = None) -> dict[str, Any]:
         plugin = pm.get_plugin(name)
         entry["hooks"] = sorted(h.name for h in pm.get_hookcallers(plugin) or []) if plugin else []
         entry["patches"] = [p.as_dict() for p in patches if p.plugin == name]
+        _mark_inactive(entry)
         entry["report"] = _own_report(plugin) if plugin else {}
         out["plugins"].append(entry)
     out["core_patches"] = [p.as_dict() for p in patches if p.plugin == BUILTIN]
     return out
+
+
+def _mark_inactive(entry: dict[str, Any]) -> None:
+    """An enabled plugin none of whose patches could apply (e.g. an unsupported Megatron) is
+    shown as inactive, with the first reason, rather than "enabled"."""
+    patches = entry["patches"]
+    if entry["state"] != ENABLED or not patches:
+        return
+    if all(p["status"] in (SKIPPED, FAILED) for p in patches):
+        entry["state"] = "inactive"
+        entry["reason"] = f"no patch applies: {patches[0]['detail']}"
 
 
 def _own_report(plugin: Any) -> dict[str, Any]:

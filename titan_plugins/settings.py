@@ -1,17 +1,23 @@
-"""Typed, lazily read environment switches with clear messages for bad values.
+"""Typed environment knobs: each declared once, as the reader of its own value.
 
-Every reader takes the variable name and a default, reads ``os.environ`` at call time (a
-process that imported us during ``import torch`` is not always the one that decides), and on a
-malformed value warns with the accepted values and returns the default; under
-``TITAN_PLUGINS_STRICT=1`` it raises :class:`SettingError` instead.
+A plugin lists its knobs as :class:`Setting` records in its ``settings.py`` (``SETTINGS``) and
+returns them from ``titan_settings``; the code reads a knob only through :meth:`Setting.read`,
+so the default, the type, the accepted values and the documentation live in one place. The
+environment is read at call time (a process that imported us during ``import torch`` is not
+always the one that decides). A malformed value warns with the variable, the value and what is
+accepted, and the default is used; under ``TITAN_PLUGINS_STRICT=1`` it raises
+:class:`SettingError`. The core checks every enabled plugin's settings at activation
+(:func:`problems`), so a bad value is reported before the first step, not at first use.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from titan_plugins._log import logger
 
@@ -24,20 +30,20 @@ class SettingError(ValueError):
     """A TITAN_* variable has a value the core or a plugin cannot accept (STRICT mode)."""
 
 
-@dataclass(frozen=True)
-class Setting:
-    """Declaration of one environment knob, for ``titan-plugins env`` and the READMEs.
+class ByteSize(int):
+    """Marker type for byte sizes such as ``4096``, ``512K``, ``4G`` (see :func:`parse_bytes`)."""
 
-    :param var: the variable name, ``TITAN_<PLUGIN>_<KNOB>``.
-    :param default: the default as the user would write it.
-    :param doc: one sentence: what it changes.
-    :param choices: the accepted values, when they are a closed set.
-    """
 
-    var: str
-    default: str
-    doc: str
-    choices: tuple[str, ...] | None = None
+BYTES = ByteSize
+_TYPES = (bool, int, float, str, list, ByteSize)
+_TYPE_WORDS = {
+    bool: "1 or 0",
+    int: "an integer",
+    float: "a finite number",
+    str: "text",
+    list: "a comma-separated list",
+    ByteSize: "a byte size such as 4096, 512K, 64M or 4G",
+}
 
 
 def _raw(var: str) -> str | None:
@@ -45,81 +51,51 @@ def _raw(var: str) -> str | None:
     return None if value is None else value.strip()
 
 
+_STRICT_OVERRIDE: list[bool] = []  # innermost last; see strictness()
+
+
 def strict() -> bool:
-    """Whether TITAN_PLUGINS_STRICT=1: drift and bad input raise instead of warning."""
-    return (_raw("TITAN_PLUGINS_STRICT") or "").lower() in _TRUE
+    """Whether TITAN_PLUGINS_STRICT asks for errors instead of warnings.
+
+    A value that is not a switch value counts as on: the user asked for something, and failing
+    loudly (the activation check names the variable) is safer than silently running lenient.
+    """
+    if _STRICT_OVERRIDE:
+        return _STRICT_OVERRIDE[-1]
+    value = (_raw("TITAN_PLUGINS_STRICT") or "").lower()
+    return value not in ("",) + _FALSE
 
 
-def complain(message: str) -> None:
-    """Report bad input: a warning, or :class:`SettingError` under STRICT."""
-    if strict():
-        raise SettingError(message)
-    logger.warning(message)
-
-
-def env_bool(var: str, default: bool) -> bool:
-    """Read a 0/1 switch (also true/false, yes/no, on/off)."""
-    value = _raw(var)
-    if value is None or value == "":
-        return default
-    if value.lower() in _TRUE:
-        return True
-    if value.lower() in _FALSE:
-        return False
-    complain(f"{var}={value!r} is not a switch value; use 1 or 0 (default {int(default)} used)")
-    return default
-
-
-def env_int(var: str, default: int, minimum: int | None = None) -> int:
-    """Read an integer, optionally with a lower bound."""
-    value = _raw(var)
-    if value is None or value == "":
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        complain(f"{var}={value!r} is not an integer (default {default} used)")
-        return default
-    if minimum is not None and number < minimum:
-        complain(f"{var}={number} is below the minimum {minimum} (default {default} used)")
-        return default
-    return number
-
-
-def env_float(var: str, default: float, minimum: float | None = None) -> float:
-    """Read a float, optionally with a lower bound."""
-    value = _raw(var)
-    if value is None or value == "":
-        return default
-    try:
-        number = float(value)
-    except ValueError:
-        complain(f"{var}={value!r} is not a number (default {default} used)")
-        return default
-    if minimum is not None and number < minimum:
-        complain(f"{var}={number} is below the minimum {minimum} (default {default} used)")
-        return default
-    return number
-
-
-def env_choice(var: str, choices: Sequence[str], default: str) -> str:
-    """Read one value out of a closed set (compared case-insensitively)."""
-    value = _raw(var)
-    if value is None or value == "":
-        return default
-    for choice in choices:
-        if value.lower() == choice.lower():
-            return choice
-    complain(f"{var}={value!r} is not one of {', '.join(choices)} (default {default!r} used)")
-    return default
-
-
-def env_list(var: str, default: Sequence[str] = ()) -> tuple[str, ...]:
-    """Read a comma-separated list; items are stripped and empty items dropped."""
-    value = _raw(var)
+@contextlib.contextmanager
+def strictness(value: bool | None) -> Iterator[None]:
+    """Override STRICT for the block (None leaves the environment's choice); the CLI uses it to
+    collect every problem instead of stopping at the first."""
     if value is None:
-        return tuple(default)
-    return tuple(item.strip() for item in value.split(",") if item.strip())
+        yield
+        return
+    _STRICT_OVERRIDE.append(value)
+    try:
+        yield
+    finally:
+        _STRICT_OVERRIDE.pop()
+
+
+_WARNED: set[str] = set()  # each bad value is reported once per process, not at every read
+STRICT_SUFFIX = " (TITAN_PLUGINS_STRICT=1: fix the value or unset it)"
+
+
+def complain(message: str, fallback: str = "") -> None:
+    """Report bad input: a warning (once per message and process) saying what happens instead,
+    or :class:`SettingError` under STRICT.
+
+    :param fallback: what the code does instead, e.g. ``"default 1 used"`` (warnings only).
+    """
+    if strict():
+        raise SettingError(message + STRICT_SUFFIX)
+    if message in _WARNED:
+        return
+    _WARNED.add(message)
+    logger.warning("%s (%s)", message, fallback) if fallback else logger.warning(message)
 
 
 def parse_bytes(text: str) -> int:
@@ -127,16 +103,252 @@ def parse_bytes(text: str) -> int:
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(?:I?B)?\s*", text, re.IGNORECASE)
     if not match:
         raise ValueError(f"{text!r} is not a byte size such as 4096, 512M or 4G")
-    return int(float(match.group(1)) * _BYTE_UNITS[match.group(2).upper()])
+    number = float(match.group(1)) * _BYTE_UNITS[match.group(2).upper()]
+    if number != int(number):
+        raise ValueError(f"{text!r} is not a whole number of bytes")
+    return int(number)
+
+
+def _format_number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(value)
+
+
+class Setting:
+    """One environment knob: its declaration and its reader.
+
+    :param name: the variable, ``TITAN_<PLUGIN>_<KNOB>``.
+    :param type: ``bool``, ``int``, ``float``, ``str``, ``list`` (comma list read as a tuple of
+        strings) or :data:`BYTES`.
+    :param default: the value when unset or empty (typed; may be None for "automatic").
+    :param doc: one sentence: what it changes.
+    :param choices: accepted values of a ``str`` (or of each item of a ``list``), compared
+        case-insensitively and returned as written here.
+    :param minimum: lower bound of an ``int`` / ``float`` / bytes value (inclusive).
+    :param maximum: upper bound (inclusive).
+    :param validate: extra check on the parsed value: returns a message, or None when fine.
+    :param default_text: how to show the default when it is not a value (e.g. ``"auto"``).
+    """
+
+    __slots__ = (
+        "name",
+        "type",
+        "default",
+        "doc",
+        "choices",
+        "minimum",
+        "maximum",
+        "validate",
+        "default_text",
+        "legacy",
+    )
+
+    def __init__(
+        self,
+        name: str = "",
+        type: Any = str,
+        default: Any = None,
+        doc: Any = "",
+        *legacy: Any,
+        choices: Iterable[str] | None = None,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        validate: Callable[[Any], str | None] | None = None,
+        default_text: str = "",
+        var: str = "",
+    ) -> None:
+        legacy_form = bool(var) or isinstance(type, str)
+        if legacy_form:
+            # Transitional: the former declaration-only form Setting(var, default_text, doc,
+            # choices), positional or by keyword; read as an untyped str knob.
+            name = name or var
+            text = type if isinstance(type, str) else ("" if default is None else str(default))
+            words = default if isinstance(type, str) else doc
+            choices = choices or (doc if isinstance(type, str) and doc else None)
+            choices = choices or (legacy[0] if legacy else None)
+            type, default, doc, default_text = str, text, words, text
+        self.legacy = legacy_form  # declaration only: its reader lives elsewhere, not checked
+        if type not in _TYPES:
+            raise TypeError(
+                f"Setting {name}: type must be one of bool, int, float, str, list, BYTES"
+            )
+        if not re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
+            raise ValueError(
+                f"Setting {name!r}: the name must be UPPER_SNAKE (TITAN_<PLUGIN>_<KNOB>)"
+            )
+        self.name = name
+        self.type = type
+        self.default = default
+        self.doc = doc
+        self.choices = tuple(choices) if choices is not None else None
+        self.minimum = minimum
+        self.maximum = maximum
+        self.validate = validate
+        self.default_text = default_text
+
+    def __repr__(self) -> str:
+        return f"Setting({self.name!r}, {self.type.__name__}, {self.default!r})"
+
+    @property
+    def var(self) -> str:
+        """The environment variable (same as :attr:`name`)."""
+        return self.name
+
+    # ------------------------------------------------------------------ parsing
+    def accepted(self) -> str:
+        """What a valid value looks like, for messages and ``titan-plugins env``."""
+        if self.choices and self.type is str:
+            return "one of " + ", ".join(self.choices)
+        words = _TYPE_WORDS[self.type]
+        if self.choices and self.type is list:
+            words += " of " + ", ".join(self.choices)
+        if self.minimum is not None and self.maximum is not None:
+            words += f" from {_format_number(self.minimum)} to {_format_number(self.maximum)}"
+        elif self.minimum is not None:
+            words += f" >= {_format_number(self.minimum)}"
+        elif self.maximum is not None:
+            words += f" <= {_format_number(self.maximum)}"
+        return words
+
+    def parse(self, text: str) -> Any:
+        """Convert the text of a set variable to the typed value.
+
+        :raises ValueError: with a message naming what is accepted.
+        """
+        text = text.strip()
+        value: Any
+        if self.type is bool:
+            if text.lower() not in _TRUE + _FALSE:
+                raise ValueError("not a switch value")
+            value = text.lower() in _TRUE
+        elif self.type is int:
+            try:
+                value = int(text)
+            except ValueError:
+                raise ValueError("not an integer") from None
+        elif self.type is float:
+            try:
+                value = float(text)
+            except ValueError:
+                raise ValueError("not a number") from None
+            if not math.isfinite(value):
+                raise ValueError("not a finite number")
+        elif self.type is ByteSize:
+            value = parse_bytes(text)
+        elif self.type is list:
+            value = tuple(item.strip() for item in text.split(",") if item.strip())
+            if self.choices:
+                value = tuple(self._choose(item) for item in value)
+        else:
+            value = self._choose(text) if self.choices else text
+        self._check_range(value)
+        if self.validate is not None:
+            message = self.validate(value)
+            if message:
+                raise ValueError(message)
+        return value
+
+    def _choose(self, text: str) -> str:
+        for choice in self.choices or ():
+            if text.lower() == choice.lower():
+                return choice
+        raise ValueError(f"{text!r} is not one of {', '.join(self.choices or ())}")
+
+    def _check_range(self, value: Any) -> None:
+        if self.type not in (int, float, ByteSize):
+            return
+        if self.minimum is not None and value < self.minimum:
+            raise ValueError(f"below the minimum {_format_number(self.minimum)}")
+        if self.maximum is not None and value > self.maximum:
+            raise ValueError(f"above the maximum {_format_number(self.maximum)}")
+
+    # ------------------------------------------------------------------ reading
+    def is_set(self) -> bool:
+        """Whether the variable is set to a non-empty value."""
+        return bool(_raw(self.name))
+
+    def problem(self) -> str | None:
+        """The message for a bad current value, or None when unset, empty or valid."""
+        text = _raw(self.name)
+        if not text or self.legacy:
+            return None
+        try:
+            self.parse(text)
+        except ValueError as err:
+            return f"{self.name}={text!r}: {err}; accepted: {self.accepted()}"
+        return None
+
+    def read(self) -> Any:
+        """The typed value; the default when unset, empty or malformed (see :func:`complain`)."""
+        text = _raw(self.name)
+        if not text:
+            return self.default
+        try:
+            return self.parse(text)
+        except ValueError:
+            message = self.problem() or f"{self.name}={text!r} is not accepted"
+            complain(message, f"default {self.shown_default()} used")
+            return self.default
+
+    def shown_default(self) -> str:
+        """The default as a user would write it."""
+        if self.default_text:
+            return self.default_text
+        if self.default is None:
+            return "unset"
+        if self.type is bool:
+            return "1" if self.default else "0"
+        if self.type is list:
+            return ",".join(self.default) or "(empty)"
+        if self.type is ByteSize:
+            return format_bytes(self.default)
+        return str(self.default) if self.default != "" else "(empty)"
+
+
+def format_bytes(value: int) -> str:
+    """``65536`` -> ``64K``: the shortest exact binary-unit spelling."""
+    for unit in ("T", "G", "M", "K"):
+        size = _BYTE_UNITS[unit]
+        if value and value % size == 0:
+            return f"{value // size}{unit}"
+    return str(value)
+
+
+def problems(settings: Iterable[Setting]) -> list[str]:
+    """Messages for every bad current value among ``settings`` (activation and doctor)."""
+    return [message for setting in settings if (message := setting.problem())]
+
+
+# ---------------------------------------------------------------------- legacy readers
+# Kept while the plugins move their knobs to Setting records (issue 11); each is a one-off
+# Setting read, so the parsing and the messages are the same as above.
+def env_bool(var: str, default: bool) -> bool:
+    """Read a 0/1 switch (also true/false, yes/no, on/off)."""
+    return Setting(var, bool, default, "").read()
+
+
+def env_int(var: str, default: int, minimum: int | None = None) -> int:
+    """Read an integer, optionally with a lower bound."""
+    return Setting(var, int, default, "", minimum=minimum).read()
+
+
+def env_float(var: str, default: float, minimum: float | None = None) -> float:
+    """Read a finite float, optionally with a lower bound."""
+    return Setting(var, float, default, "", minimum=minimum).read()
+
+
+def env_choice(var: str, choices: Iterable[str], default: str) -> str:
+    """Read one value out of a closed set (compared case-insensitively)."""
+    return Setting(var, str, default, "", choices=choices).read()
+
+
+def env_list(var: str, default: Iterable[str] = ()) -> tuple[str, ...]:
+    """Read a comma-separated list; items are stripped and empty items dropped."""
+    value = _raw(var)
+    if value is None:
+        return tuple(default)
+    return tuple(item.strip() for item in value.split(",") if item.strip())
 
 
 def env_bytes(var: str, default: int | None) -> int | None:
     """Read a byte size (see :func:`parse_bytes`)."""
-    value = _raw(var)
-    if value is None or value == "":
-        return default
-    try:
-        return parse_bytes(value)
-    except ValueError as err:
-        complain(f"{var}: {err} (default {default} used)")
-        return default
+    return Setting(var, BYTES, default, "").read()

@@ -11,29 +11,42 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from titan_plugins.settings import Setting, complain, env_bool, env_list
+from titan_plugins.settings import Setting, complain
 
-CORE_SETTINGS: tuple[Setting, ...] = (
-    Setting(
-        "TITAN_PLUGINS", "1", "Master switch: 0 loads no plugin and applies no patch.", ("0", "1")
-    ),
-    Setting(
-        "TITAN_PLUGINS_AUTOLOAD",
-        "1",
-        "0 turns off the automatic channel (torch.backends entry point); apply() still works.",
-        ("0", "1"),
-    ),
-    Setting("TITAN_PLUGINS_ONLY", "", "Comma list of plugin names: load only these."),
-    Setting("TITAN_PLUGINS_DISABLE", "", "Comma list of plugin names not to load; * for all."),
-    Setting(
-        "TITAN_PLUGINS_STRICT",
-        "0",
-        "1: version drift, a failed patch or a bad switch value raises instead of warning.",
-        ("0", "1"),
-    ),
-    Setting("TITAN_PLUGINS_DEBUG", "0", "1: log every patch and activation step.", ("0", "1")),
-    Setting("TITAN_PLUGINS_TRACE", "0", "1: log every hook call.", ("0", "1")),
+MASTER = Setting(
+    "TITAN_PLUGINS", bool, True, "Master switch: 0 loads no plugin and applies no patch."
 )
+AUTOLOAD = Setting(
+    "TITAN_PLUGINS_AUTOLOAD",
+    bool,
+    True,
+    "0 turns off the automatic channels (torch.backends entry point, titan-run); apply() works.",
+)
+ONLY = Setting("TITAN_PLUGINS_ONLY", list, (), "Comma list of plugin names: load only these.")
+DISABLE = Setting(
+    "TITAN_PLUGINS_DISABLE", list, (), "Comma list of plugin names not to load; * for all."
+)
+STRICT = Setting(
+    "TITAN_PLUGINS_STRICT",
+    bool,
+    False,
+    "1: a bad switch or knob value, version or signature drift, or a failed patch raises at "
+    "activation (the first import of megatron) instead of warning.",
+)
+PICK = Setting(
+    "TITAN_PLUGINS_PICK",
+    list,
+    (),
+    "name=distribution pairs: which distribution provides a plugin name that several "
+    "third-party distributions claim.",
+    validate=lambda items: next(
+        (f"{item!r} is not name=distribution" for item in items if "=" not in item), None
+    ),
+)
+DEBUG = Setting("TITAN_PLUGINS_DEBUG", bool, False, "1: log every patch and activation step.")
+TRACE = Setting("TITAN_PLUGINS_TRACE", bool, False, "1: log every hook call.")
+
+CORE_SETTINGS: tuple[Setting, ...] = (MASTER, AUTOLOAD, ONLY, DISABLE, STRICT, PICK, DEBUG, TRACE)
 
 
 def plugin_switch_var(name: str) -> str:
@@ -41,38 +54,85 @@ def plugin_switch_var(name: str) -> str:
     return "TITAN_" + re.sub(r"[^0-9A-Za-z]+", "_", name).upper()
 
 
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a plugin's entry-point name, or None when it can.
+
+    Names are lower snake case (so each maps to exactly one switch variable), and none may have
+    a switch inside the core's own ``TITAN_PLUGINS_*`` namespace.
+    """
+    if not re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)*", name):
+        return f"plugin name {name!r} is not lower snake case (e.g. my_plugin)"
+    if name == "plugins" or name.startswith("plugins_"):
+        return (
+            f"plugin name {name!r} is reserved: its switch {plugin_switch_var(name)} would "
+            "collide with the core's TITAN_PLUGINS_* switches"
+        )
+    return None
+
+
+def plugin_switch(name: str) -> Setting:
+    """The per-plugin on/off switch of entry-point name ``name`` as a Setting."""
+    return Setting(plugin_switch_var(name), bool, True, f"0 turns plugin {name} off.")
+
+
+def _switch_on(name: str, problems: list[str] | None) -> bool:
+    switch = plugin_switch(name)
+    problem = switch.problem()
+    if problem is not None and problems is not None:
+        problems.append(problem)
+        return switch.default
+    return switch.read()
+
+
 def master_enabled() -> bool:
     """Whether ``TITAN_PLUGINS`` allows anything at all."""
-    return env_bool("TITAN_PLUGINS", True)
+    return MASTER.read()
 
 
 def autoload_enabled() -> bool:
     """Whether the automatic channel may activate (``TITAN_PLUGINS_AUTOLOAD``)."""
-    return env_bool("TITAN_PLUGINS_AUTOLOAD", True)
+    return AUTOLOAD.read()
 
 
-def _check_names(var: str, names: Iterable[str], installed: set[str]) -> None:
-    unknown = sorted(n for n in names if n != "*" and n not in installed)
-    if unknown:
-        known = ", ".join(sorted(installed)) or "none"
-        complain(f"{var} names {', '.join(unknown)}, not an installed plugin (installed: {known})")
+def name_problems(installed: Iterable[str]) -> list[str]:
+    """``TITAN_PLUGINS_ONLY`` / ``_DISABLE`` entries that name no installed plugin."""
+    names = set(installed)
+    found = []
+    for setting in (ONLY, DISABLE):
+        unknown = sorted(n for n in setting.read() if n != "*" and n not in names)
+        if unknown:
+            known = ", ".join(sorted(names)) or "none"
+            found.append(
+                f"{setting.name} names {', '.join(unknown)}, not an installed plugin "
+                f"(installed: {known})"
+            )
+    return found
 
 
-def disabled_reasons(installed: Iterable[str], only: Iterable[str] | None = None) -> dict[str, str]:
+def disabled_reasons(
+    installed: Iterable[str],
+    only: Iterable[str] | None = None,
+    problems: list[str] | None = None,
+) -> dict[str, str]:
     """Map each installed plugin that must not load to the reason, from the switches.
 
     :param installed: entry-point names of the installed plugins.
     :param only: an explicit allowlist from the caller (``apply(only=...)``), combined with
         ``TITAN_PLUGINS_ONLY``.
+    :param problems: collect unknown names here (activation reports them all at once) instead
+        of complaining one by one.
     :return: ``{name: reason}`` for the disabled ones; enabled plugins are absent.
     """
     names = set(installed)
     if not master_enabled():
         return dict.fromkeys(names, "TITAN_PLUGINS=0")
-    env_only = env_list("TITAN_PLUGINS_ONLY")
-    deny = env_list("TITAN_PLUGINS_DISABLE")
-    _check_names("TITAN_PLUGINS_ONLY", env_only, names)
-    _check_names("TITAN_PLUGINS_DISABLE", deny, names)
+    env_only = ONLY.read()
+    deny = DISABLE.read()
+    for problem in name_problems(names):
+        if problems is None:
+            complain(problem, "ignored")
+        else:
+            problems.append(problem)
     reasons: dict[str, str] = {}
     for name in sorted(names):
         if env_only and name not in env_only:
@@ -81,6 +141,6 @@ def disabled_reasons(installed: Iterable[str], only: Iterable[str] | None = None
             reasons[name] = "not requested by apply(only=...)"
         elif "*" in deny or name in deny:
             reasons[name] = f"in TITAN_PLUGINS_DISABLE={','.join(deny)}"
-        elif not env_bool(plugin_switch_var(name), True):
+        elif not _switch_on(name, problems):
             reasons[name] = f"{plugin_switch_var(name)}=0"
     return reasons

@@ -1,8 +1,10 @@
-"""The ``sys.meta_path`` watcher: patch a module right after its body executes.
+"""The one post-import mechanism: ``sys.meta_path`` finders that act right after a module body
+executes, and a one-shot trigger for lazy activation.
 
-Applying there (not later) matters: modules that ``from x import f`` afterwards copy the patched
-``f``. The watcher finds the real spec through the other finders and wraps its loader; it never
-imports anything itself.
+Applying patches there (not later) matters: modules that ``from x import f`` afterwards copy the
+patched ``f``. A watcher finds the real spec through the other finders and wraps its loader; it
+never imports anything itself. The patch engine's :class:`PatchWatcher` and the test harness's
+``when_imported`` are both :class:`PostImportWatcher` instances.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from typing import Any
 
 from titan_plugins.patching.engine import PatchEngine
 
+AfterExec = Callable[[ModuleType], None]
+
 
 class _PostExecLoader(importlib.abc.Loader):
     """Delegates to the real loader, then runs ``after(module)``."""
 
-    def __init__(self, loader: Any, after: Callable[[ModuleType], None]) -> None:
+    def __init__(self, loader: Any, after: AfterExec) -> None:
         self._loader = loader
         self._after = after
 
@@ -36,60 +40,51 @@ class _PostExecLoader(importlib.abc.Loader):
         return getattr(self._loader, name)
 
 
-class PatchWatcher(importlib.abc.MetaPathFinder):
-    """Meta-path finder bound to one engine; optional ``on_trigger`` for lazy activation."""
+def _find_elsewhere(me: object, fullname: str, path: Any, target: Any) -> ModuleSpec | None:
+    for finder in sys.meta_path:
+        if finder is me:
+            continue
+        find = getattr(finder, "find_spec", None)
+        if find is None:
+            continue
+        spec = find(fullname, path, target)
+        if spec is not None:
+            return spec
+    return None
 
-    def __init__(
-        self,
-        engine: PatchEngine | None,
-        trigger_prefixes: tuple[str, ...] = (),
-        on_trigger: Callable[[], None] | None = None,
-    ) -> None:
-        self.engine = engine
-        self._trigger_prefixes = trigger_prefixes
-        self._on_trigger = on_trigger
-        self._local = threading.local()
+
+class PostImportWatcher(importlib.abc.MetaPathFinder):
+    """Runs a callback right after a watched module executes.
+
+    :param callback_for: returns the callback for a module name, or None when not watched
+        (called on every import in the process: keep it O(1)).
+    """
+
+    def __init__(self, callback_for: Callable[[str], AfterExec | None]) -> None:
+        self._callback_for = callback_for
+        # Watchers consult the other finders, watchers included (so two watchers of one module
+        # both get their callback); a per-thread busy flag of each stops the recursion.
+        self._busy = threading.local()
+
+    def before_lookup(self) -> None:
+        """Hook for subclasses: runs on every import before the watched-name lookup."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
-        if getattr(self._local, "busy", False):
+        if getattr(self._busy, "active", False):
             return None
-        self._local.busy = True
+        self._busy.active = True
         try:
-            if self._on_trigger is not None and fullname.split(".", 1)[0] in self._trigger_prefixes:
-                trigger, self._on_trigger = self._on_trigger, None
-                trigger()
-            if self.engine is None:
+            self.before_lookup()
+            after = self._callback_for(fullname)
+            if after is None:
                 return None
-            if self.engine.deferred:  # modules that were mid-import at activation
-                self.engine.retry_deferred()
-            if fullname not in self.engine.watched_modules():
-                return None
-            spec = self._find_with_others(fullname, path, target)
+            spec = _find_elsewhere(self, fullname, path, target)
         finally:
-            self._local.busy = False
+            self._busy.active = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        engine = self.engine
-        spec.loader = _PostExecLoader(spec.loader, lambda m: engine.apply_module(m, fresh=True))
+        spec.loader = _PostExecLoader(spec.loader, after)
         return spec
-
-    def _find_with_others(self, fullname: str, path: Any, target: Any) -> ModuleSpec | None:
-        for finder in sys.meta_path:
-            # Other watchers are asked too (their busy flag stops recursion), so two engines
-            # watching one module both get their post-exec callback.
-            if finder is self:
-                continue
-            find = getattr(finder, "find_spec", None)
-            if find is None:
-                continue
-            spec = find(fullname, path, target)
-            if spec is not None:
-                return spec
-        return None
-
-    def disarm(self) -> None:
-        """Drop the lazy-activation trigger (activation happened another way)."""
-        self._on_trigger = None
 
     def install(self) -> None:
         """Put the watcher first on ``sys.meta_path`` (once)."""
@@ -98,5 +93,66 @@ class PatchWatcher(importlib.abc.MetaPathFinder):
 
     def remove(self) -> None:
         """Take the watcher off ``sys.meta_path``."""
+        while self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+class PatchWatcher(PostImportWatcher):
+    """The engine's watcher: patches a watched module right after it executes."""
+
+    def __init__(self, engine: PatchEngine) -> None:
+        self.engine = engine
+        super().__init__(self._callback)
+
+    def _callback(self, fullname: str) -> AfterExec | None:
+        if fullname not in self.engine.watched_modules():
+            return None
+        engine = self.engine
+        return lambda module: engine.apply_module(module, fresh=True)
+
+    def before_lookup(self) -> None:
+        if self.engine.deferred:  # modules that were mid-import at activation
+            self.engine.retry_deferred()
+
+
+class ImportTrigger(importlib.abc.MetaPathFinder):
+    """One-shot: calls ``on_trigger()`` at the first import of a module under ``prefixes``,
+    before that module is looked up, then takes itself off ``sys.meta_path``.
+
+    An exception from ``on_trigger`` propagates to that import statement (STRICT mode uses it
+    to stop ``import megatron`` with a clear message).
+    """
+
+    def __init__(self, prefixes: tuple[str, ...], on_trigger: Callable[[], None]) -> None:
+        self._prefixes = prefixes
+        self._on_trigger: Callable[[], None] | None = on_trigger
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
+        if self._on_trigger is None or fullname.split(".", 1)[0] not in self._prefixes:
+            return None
+        trigger, self._on_trigger = self._on_trigger, None
+        self.remove()
+        trigger()
+        # Activation may have installed a patch watcher that the import machinery has already
+        # passed over for this module: ask the finders again so it can wrap this module too.
+        return _find_elsewhere(self, fullname, path, target)
+
+    @property
+    def armed(self) -> bool:
+        """Whether the trigger has not fired (nor been disarmed) yet."""
+        return self._on_trigger is not None
+
+    def disarm(self) -> None:
+        """Drop the trigger (activation happened another way)."""
+        self._on_trigger = None
+        self.remove()
+
+    def install(self) -> None:
+        """Put the trigger first on ``sys.meta_path`` (once)."""
+        if self not in sys.meta_path:
+            sys.meta_path.insert(0, self)
+
+    def remove(self) -> None:
+        """Take the trigger off ``sys.meta_path``."""
         while self in sys.meta_path:
             sys.meta_path.remove(self)

@@ -7,10 +7,9 @@ import os
 from collections.abc import Iterator
 from importlib import metadata
 
-from titan_plugins import activation
-from titan_plugins.activation import Activation, register_patches
+from titan_plugins.activation import Activation, use
 from titan_plugins.manager import ENTRY_POINT_GROUP, TitanPluginManager, get_plugin_manager
-from titan_plugins.patching import PatchEngine, PatchWatcher
+from titan_plugins.patching import PatchEngine
 
 
 @contextlib.contextmanager
@@ -37,12 +36,13 @@ def fresh_manager(
 
 @contextlib.contextmanager
 def plugin_active(name: str, env: dict[str, str] | None = None) -> Iterator[PatchEngine]:
-    """Apply the installed plugin ``name`` (and only it) inside the block.
+    """Apply the installed plugin ``name`` (and only it, with the core) inside the block.
 
-    Sets ``env``, builds a fresh manager, registers the plugin's patches in a private engine
-    (already-imported modules are patched at once, later imports by a private watcher), and on
-    exit undoes every patch and restores the environment. Raises if the plugin is not
-    installed, is disabled by the switches in ``env``, or failed to load.
+    Sets ``env``, starts a private :class:`~titan_plugins.activation.Activation` limited to the
+    plugin (already-imported modules are patched at once, later imports by its watcher), makes
+    it the process's activation for the block, and on exit stops it (every patch undone) and
+    restores the environment. Raises if the plugin is not installed, is disabled by the switches
+    in ``env``, or failed to load or register.
 
     :yield: the engine, whose ``patches()`` tell the status of each record.
     """
@@ -52,26 +52,16 @@ def plugin_active(name: str, env: dict[str, str] | None = None) -> Iterator[Patc
             raise LookupError(
                 f"plugin {name!r} is not installed (entry-point group {ENTRY_POINT_GROUP})"
             )
-        pm = fresh_manager(only=[name], entry_points=eps)
-        record = pm.records[name]
-        if record.state != "enabled":
-            raise RuntimeError(f"plugin {name!r} is {record.state}: {record.reason}")
-        engine = PatchEngine()
-        errors: list[str] = []
-        watcher = PatchWatcher(engine)
-        watcher.install()
-        previous = activation._ACTIVE
-        # Plugins reach their manager through active_manager() (backend hooks, reports).
-        activation._ACTIVE = Activation(
-            "testing.plugin_active", manager=pm, engine=engine, watcher=watcher
-        )
+        state = Activation("testing.plugin_active", only=[name], entry_points=eps)
         try:
-            register_patches(pm, engine, errors)
-            if errors:
-                raise RuntimeError("; ".join(errors))
-            engine.apply_ready()
-            yield engine
+            state.start()
+            record = state.manager.records[name] if state.manager else None
+            if record is None or record.state != "enabled":
+                why = f"{record.state}: {record.reason}" if record else state.detail
+                raise RuntimeError(f"plugin {name!r} is {why}")
+            if state.errors:
+                raise RuntimeError("; ".join(state.errors))
+            with use(state):
+                yield state.engine
         finally:
-            activation._ACTIVE = previous
-            engine.undo()
-            watcher.remove()
+            state.stop()

@@ -47,3 +47,12 @@ def gloo_pool2() -> Iterator[GlooWorkerPool]:
 def gloo_pool4() -> Iterator[GlooWorkerPool]:
     """A 4-process gloo world shared by the whole session."""
     yield from _pool(4)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_setting_warnings() -> Iterator[None]:
+    """Each test sees its own bad-value warnings (the core reports each one once per process)."""
+    from titan_plugins import settings
+
+    settings._WARNED.clear()
+    yield

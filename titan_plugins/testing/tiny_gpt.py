@@ -291,3 +291,28 @@ def train(
             total = torch.stack([out["lm loss"] for out in outputs]).sum(0)
             losses.append((total[0] / total[1]).item())
     return losses, grad_norms
+
+
+def evaluate(
+    chunks: list, cfg: TransformerConfig, num_microbatches: int = 2, seed: int = 0
+) -> float:
+    """One forward-only pass over ``fixed_batches(num_microbatches, seed)``: the per-token LM loss
+    on the last pipeline stage (``nan`` elsewhere)."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    batches = fixed_batches(num_microbatches, seed)
+    iterators = [iter(batches) for _ in chunks]
+    with torch.no_grad():
+        outputs = get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iterators if len(chunks) > 1 else iterators[0],
+            model=chunks if len(chunks) > 1 else chunks[0],
+            num_microbatches=num_microbatches,
+            seq_length=SEQ,
+            micro_batch_size=MBS,
+            forward_only=True,
+        )
+    if not outputs:
+        return None
+    total = torch.stack([out["lm loss"] for out in outputs]).sum(0)
+    return (total[0] / total[1]).item()
