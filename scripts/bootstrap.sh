@@ -22,12 +22,21 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -r requirements/dev.txt
 editables=(-e .)
 for plugin in plugins/*/; do
   case "$plugin" in plugins/_*) continue ;; esac
   [ -f "$plugin/setup.cfg" ] && editables+=(-e "$plugin")
 done
-.venv/bin/python -m pip install -q --no-deps "${editables[@]}"
+# pip's build warnings would bury the job's own output: keep them in a log, show it on failure.
+log=.venv/bootstrap.log
+echo "bootstrap: installing the pinned toolchain and every distribution into .venv ($log)" >&2
+if ! {
+  .venv/bin/python -m pip install -q --upgrade pip &&
+    .venv/bin/python -m pip install -q -r requirements/dev.txt &&
+    .venv/bin/python -m pip install -q --no-deps "${editables[@]}"
+} >"$log" 2>&1; then
+  cat "$log" >&2
+  echo "bootstrap: pip failed (full log: $log)" >&2
+  exit 1
+fi
 echo "$want" > "$stamp"

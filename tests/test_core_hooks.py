@@ -116,6 +116,15 @@ def test_hook_titan_report(example, monkeypatch):
     assert pm.hook.titan_report() == [{"greeting": "hi", "calls": 0}]
 
 
+def test_hook_titan_effects(example):
+    pm, module = example
+    module.CALLS.clear()
+    assert pm.hook.titan_effects() == [{"initialize_model_parallel_calls": 0}]
+    module.CALLS.append("initialize_model_parallel")
+    assert pm.hook.titan_effects() == [{"initialize_model_parallel_calls": 1}]
+    module.CALLS.clear()
+
+
 def test_hook_titan_doctor(example):
     pm, _ = example
     (checks,) = pm.hook.titan_doctor()

@@ -197,6 +197,18 @@ def titan_report() -> dict[str, Any]:
 
 
 @hookspec
+def titan_effects() -> dict[str, Any]:
+    """Measure what the plugin did in this process so far (after training: per-rank effects).
+
+    Numbers counted by the plugin while it worked, never its configuration: e.g.
+    ``{"fp8_gemms": 1080}``, ``{"offloaded_bytes": 123456, "peak_saved_bytes": ...}``. The demo
+    gathers every rank's answers into one table; ``titan-plugins report`` shows them too.
+
+    :return: a flat JSON-serialisable dict of numbers (empty when the plugin did nothing here).
+    """
+
+
+@hookspec
 def titan_doctor() -> list[Check]:
     """Run the plugin's capability checks for ``titan-plugins doctor``.
 

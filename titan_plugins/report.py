@@ -32,7 +32,8 @@ def collect(state: activation.Activation | None = None) -> dict[str, Any]:
         entry["hooks"] = sorted(h.name for h in pm.get_hookcallers(plugin) or []) if plugin else []
         entry["patches"] = [p.as_dict() for p in patches if p.plugin == name]
         _mark_inactive(entry)
-        entry["report"] = _own_report(plugin) if plugin else {}
+        entry["report"] = _own_dict(plugin, "titan_report") if plugin else {}
+        entry["effects"] = _own_dict(plugin, "titan_effects") if plugin else {}
         out["plugins"].append(entry)
     out["core_patches"] = [p.as_dict() for p in patches if p.plugin == BUILTIN]
     return out
@@ -49,11 +50,26 @@ def _mark_inactive(entry: dict[str, Any]) -> None:
         entry["reason"] = f"no patch applies: {patches[0]['detail']}"
 
 
-def _own_report(plugin: Any) -> dict[str, Any]:
-    report = getattr(plugin, "titan_report", None)
-    if report is None:
+def _own_dict(plugin: Any, hook: str) -> dict[str, Any]:
+    """One plugin's answer to a dict-returning hook; a raising plugin yields its error."""
+    function = getattr(plugin, hook, None)
+    if function is None:
         return {}
     try:
-        return dict(report() or {})
+        return dict(function() or {})
     except Exception as err:
-        return {"error": f"titan_report raised {type(err).__name__}: {err}"}
+        return {"error": f"{hook} raised {type(err).__name__}: {err}"}
+
+
+def effects() -> dict[str, dict[str, Any]]:
+    """Every active plugin's ``titan_effects`` in this process, keyed by plugin name."""
+    state = activation.active()
+    if state is None or state.manager is None:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for name, plugin in state.manager.list_name_plugin():
+        if name != BUILTIN and plugin is not None:
+            found = _own_dict(plugin, "titan_effects")
+            if found:
+                out[name] = found
+    return out

@@ -86,3 +86,9 @@ def titan_report() -> dict[str, Any]:
 def titan_doctor() -> list[Check]:
     """A check that always passes, to show plugin checks in ``doctor``."""
     return [Check("example", OK, "example plugin is healthy")]
+
+
+@hookimpl
+def titan_effects() -> dict[str, Any]:
+    """What the plugin did here: how often the marked function ran in this process."""
+    return {"initialize_model_parallel_calls": len(CALLS)}
