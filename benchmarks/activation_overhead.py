@@ -17,6 +17,8 @@ import statistics
 import subprocess
 import sys
 
+import loadguard
+
 SNIPPET = """
 import json, time
 t0 = time.perf_counter()
@@ -52,7 +54,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--runs", type=int, default=11, help="samples per side and module")
+    loadguard.add_arguments(parser)
     args = parser.parse_args()
+    print(loadguard.describe(args))
     for module in ("torch", "megatron.core"):
         on: list[float] = []
         off: list[float] = []
@@ -64,11 +68,17 @@ def main() -> None:
             off.append(b["seconds"])
             state_on, state_off = a["state"], b["state"]
         med_on, med_off = statistics.median(on), statistics.median(off)
+        # Adjacent samples share the machine's momentary load: the median of their ratios is
+        # steadier than the ratio of the medians; both are printed, the verdict uses the larger.
+        paired = statistics.median(a / b for a, b in zip(on, off))
+        ratio = max(med_on / med_off, paired)
         print(
             f"import {module}: plugins on {med_on * 1e3:.1f} ms, TITAN_PLUGINS=0 {med_off * 1e3:.1f} ms, "
-            f"ratio {med_on / med_off:.3f}  (median of {args.runs}; goal <= 1.01)"
+            f"ratio of medians {med_on / med_off:.3f}, median of paired ratios {paired:.3f} "
+            f"(median of {args.runs}); goal <= 1.01: {loadguard.verdict(ratio <= 1.01, args)}"
         )
         print(f"    on: {state_on}\n    off: {state_off}")
+    print(loadguard.describe(args))
 
 
 if __name__ == "__main__":
