@@ -107,26 +107,14 @@ def _check(
         )
 
 
-def warmup_forwards(
-    kind: str,
-    pp_size: int,
-    pp_rank: int,
-    num_microbatches: int,
-    num_chunks: int = 1,
-    group_size: int | None = None,
-    ep_overlap: bool = False,
-) -> int:
-    """Forwards rank ``pp_rank`` runs before its first backward (megatron's warm-up count,
-    capped at the number of units; with EP overlap the no-pipelining schedule starts with one)."""
-    total = num_microbatches * num_chunks
+def _warmup(kind: str, pp_size: int, pp_rank: int, chunks: int, group: int, overlap: bool) -> int:
+    """Megatron's warm-up forward count before capping (``get_pp_rank_microbatches``; with EP
+    overlap the combined 1F1B runs one more, also without pipelining)."""
     if kind == NO_PIPELINING:
-        warmup = int(ep_overlap)
-    elif kind == ONE_F_ONE_B:
-        warmup = pp_size - pp_rank - 1
-    else:
-        warmup = 2 * (pp_size - pp_rank - 1) + (num_chunks - 1) * (group_size or pp_size)
-        warmup += int(ep_overlap)
-    return min(warmup, total)
+        return int(overlap)
+    if kind == ONE_F_ONE_B:
+        return pp_size - pp_rank - 1
+    return 2 * (pp_size - pp_rank - 1) + (chunks - 1) * group + int(overlap)
 
 
 @dataclass(frozen=True)
@@ -275,9 +263,7 @@ def pipeline_schedule(
     if forward_only:
         warmup, events = len(forwards), [Event(FORWARD, u) for u in forwards]
     else:
-        warmup = warmup_forwards(
-            kind, pp_size, pp_rank, num_microbatches, num_chunks, group, ep_overlap
-        )
+        warmup = min(_warmup(kind, pp_size, pp_rank, num_chunks, group, ep_overlap), len(forwards))
         events = [Event(FORWARD, u) for u in forwards[:warmup]]
         for k in range(len(forwards) - warmup):
             events += [Event(FORWARD, forwards[warmup + k]), Event(BACKWARD, backwards[k])]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from titan_plugins.schedule import (
     FORWARD,
@@ -46,22 +47,15 @@ __all__ = [
 ]
 
 
-def schedule_events(
-    kind: str,
-    pp_size: int,
-    pp_rank: int,
-    num_microbatches: int,
-    num_chunks: int = 1,
-    group_size: int | None = None,
-) -> list[Event]:
-    """The forward/backward order megatron-core runs on pipeline rank ``pp_rank``.
+def schedule_events(kind: str, *layout: Any, **options: Any) -> list[Event]:
+    """The forward/backward order megatron-core runs on one pipeline rank, as a list.
 
-    ``kind`` is one of :data:`KINDS`. ``group_size`` is the interleaved schedule's
-    ``microbatch_group_size_per_vp_stage`` (default ``pp_size``, as megatron's config).
+    Same arguments as the core's :func:`~titan_plugins.schedule.pipeline_schedule`: ``kind``
+    (one of :data:`KINDS`), pipeline size and rank, microbatches, model chunks and the
+    interleaved schedule's ``group_size`` (default the pipeline size, as megatron's config).
     Raises ValueError for a layout megatron refuses.
     """
-    schedule = pipeline_schedule(kind, pp_size, pp_rank, num_microbatches, num_chunks, group_size)
-    return list(schedule.events)
+    return list(pipeline_schedule(kind, *layout, **options).events)
 
 
 def _sizes(unit_bytes: Mapping[Unit, int] | Callable[[Unit], int]) -> Callable[[Unit], int]:

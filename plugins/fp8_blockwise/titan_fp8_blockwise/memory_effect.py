@@ -22,12 +22,8 @@ def stored_bytes(tensor: Any, size: float) -> float:
 @hookimpl
 def titan_memory_effect(layout: MemoryLayout) -> MemoryEffect:
     """Blockwise-FP8 storage of linear-layer inputs (the same for every layout)."""
+    switch, flags = "TITAN_FP8_BLOCKWISE=1", "--fp8-format e4m3 --fp8-recipe blockwise"
+    what = "linear-layer inputs saved as FP8 + 1x128 scales"
     return MemoryEffect(
-        plugin="fp8_blockwise",
-        label="fp8",
-        legend="fp8_blockwise storage",
-        switch="TITAN_FP8_BLOCKWISE=1",
-        flags="--fp8-format e4m3 --fp8-recipe blockwise",
-        description="linear-layer inputs saved as FP8 + 1x128 scales",
-        stored_bytes=stored_bytes,
+        "fp8_blockwise", "fp8", "fp8_blockwise storage", switch, flags, what, stored_bytes
     )
