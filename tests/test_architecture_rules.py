@@ -1,14 +1,19 @@
-"""The import rules of docs/architecture.md, checked on the source (AST, nothing imported).
+"""The import rules of docs/architecture.md.
 
 A plugin (every file under ``plugins/<name>/``: package, tests, tools) never imports another
 plugin's package, nor a private module of the core (``titan_plugins._x``, ``titan_plugins.a._x``):
-shared code moves into the core's public modules. Imports by string (``importlib.import_module``,
-``__import__``) count too. The checker itself is tested on a bad fixture.
+shared code moves into the core's public modules. The core (``titan_plugins``, ``entrypoints``)
+never imports a plugin. Checked on the source (AST, nothing imported); imports by string
+(``importlib.import_module``, ``__import__``) count too; the checker is tested on a bad fixture.
+And ``import torch`` (the autoload entry point) imports neither megatron nor any plugin.
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,6 +99,34 @@ def test_plugins_import_no_other_plugin_and_no_private_core_module() -> None:
         "no plugin found: the checker looks in the wrong place"
     )
     assert violations(ROOT / "plugins") == []
+
+
+def test_the_core_imports_no_plugin() -> None:
+    plugins = set().union(*plugin_packages(ROOT / "plugins").values())
+    found = []
+    for folder in (ROOT / CORE, ROOT / "entrypoints"):
+        for path in sorted(folder.rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+            for line, (module, *_) in imported_names(tree):
+                if module.split(".")[0] in plugins:
+                    found.append(f"{path.relative_to(ROOT)}:{line}: {module}")
+    assert found == []
+
+
+def test_import_torch_imports_neither_megatron_nor_plugins() -> None:
+    """The torch.backends entry point only arms a trigger: plugins load at ``import megatron``."""
+    plugins = sorted(set().union(*plugin_packages(ROOT / "plugins").values()))
+    code = (
+        "import sys, torch\n"
+        "from titan_plugins import activation\n"
+        f"bad = [m for m in sys.modules if m.split('.')[0] in {['megatron', *plugins]!r}]\n"
+        "print(activation.current().state if activation.current() else None, bad)\n"
+    )
+    env = {**os.environ, "TITAN_PLUGINS_AUTOLOAD": "1", "TITAN_PLUGINS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.stdout.split() == ["armed", "[]"], out.stderr
 
 
 def _write(root: Path, rel: str, text: str) -> None:
