@@ -37,7 +37,7 @@ AWAY = MemoryEffect(
     "all away",
     "TITAN_AWAY=1",
     description="every saved tensor to host",
-    offloaded=lambda tensor, size: True,
+    offloaded=lambda tensors, sizes: [True] * len(tensors),
     resident_units=1,
 )
 

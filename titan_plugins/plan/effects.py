@@ -45,8 +45,10 @@ class MemoryEffect:
     :param description: what it does, in a few words, for the fit advice.
     :param stored_bytes: ``(tensor, bytes) -> bytes``: device bytes a saved tensor takes with
         the plugin, given its bytes so far (None: storage unchanged).
-    :param offloaded: ``(tensor, bytes) -> bool``: whether the plugin moves the saved tensor
-        off the device while its unit waits for the backward (None: moves nothing).
+    :param offloaded: ``(tensors, sizes) -> [bool, ...]``: which saved tensors of one group
+        (a transformer layer, the embedding or the head; each with its bytes so far) the plugin
+        moves off the device while their unit waits for the backward (None: moves nothing).
+        A whole group at once, so a rule may depend on the other tensors of the block.
     :param resident_units: the newest in-flight units whose offloaded tensors stay on the device.
     """
 
@@ -57,7 +59,7 @@ class MemoryEffect:
     flags: str = ""
     description: str = ""
     stored_bytes: Callable[[Entry, float], float] | None = None
-    offloaded: Callable[[Entry, float], bool] | None = None
+    offloaded: Callable[[Sequence[Entry], Sequence[float]], Sequence[bool]] | None = None
     resident_units: int = 0
 
     @property
@@ -76,24 +78,28 @@ class Variant:
     effects: tuple[MemoryEffect, ...] = ()
 
     def unit_bytes(
-        self, entries: Sequence[Entry], fp8: bool, dropped: set[str]
+        self, groups: Sequence[Sequence[Entry]], fp8: bool, dropped: set[str]
     ) -> tuple[float, float]:
-        """(device bytes, offloadable bytes) of one unit's saved ``entries``.
+        """(device bytes, offloadable bytes) of one unit's saved tensors.
 
+        :param groups: the unit's saved tensors by group (embedding, each layer, head).
         :param fp8: the configured run already stores linear inputs as FP8.
         :param dropped: names megatron's own offloading keeps on the host.
         """
         total = offloadable = 0.0
-        for entry in entries:
-            if entry.name in dropped:
-                continue
-            size = entry.fp8_bytes() if fp8 else entry.bytes
+        for group in groups:
+            kept = [entry for entry in group if entry.name not in dropped]
+            sizes = [entry.fp8_bytes() if fp8 else entry.bytes for entry in kept]
             for effect in self.effects:
                 if effect.stored_bytes is not None:
-                    size = effect.stored_bytes(entry, size)
-            total += size
-            if any(e.offloaded is not None and e.offloaded(entry, size) for e in self.effects):
-                offloadable += size
+                    sizes = [effect.stored_bytes(e, size) for e, size in zip(kept, sizes)]
+            moved = [False] * len(kept)
+            for effect in self.effects:
+                if effect.offloaded is not None:
+                    moved = [a or bool(b) for a, b in zip(moved, effect.offloaded(kept, sizes))]
+            for size, away in zip(sizes, moved):  # one by one: the same sums as tensor by tensor
+                total += size
+                offloadable += size if away else 0.0
         return total, offloadable
 
     @property

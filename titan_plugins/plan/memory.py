@@ -67,15 +67,11 @@ class StageMemory:
         return self.param_bytes + self.grad_bytes + self.optimizer_bytes
 
 
-def _chunk_entries(cfg: PlanConfig, chunk: Chunk) -> list[act.Entry]:
-    entries: list[act.Entry] = []
-    if chunk.embedding:
-        entries += act.embedding_entries(cfg)
-    for layer in chunk.layers:
-        entries += act.layer_entries(cfg, cfg.is_moe(layer))
-    if chunk.head:
-        entries += act.head_entries(cfg)
-    return entries
+def _chunk_entries(cfg: PlanConfig, chunk: Chunk) -> list[list[act.Entry]]:
+    """A chunk's saved tensors for one microbatch, by group: embedding, each layer, head."""
+    groups = [act.embedding_entries(cfg)] if chunk.embedding else []
+    groups += [act.layer_entries(cfg, cfg.is_moe(layer)) for layer in chunk.layers]
+    return groups + ([act.head_entries(cfg)] if chunk.head else [])
 
 
 def stage_schedule(cfg: PlanConfig, rank: int) -> Schedule:

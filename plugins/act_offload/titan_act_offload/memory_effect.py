@@ -9,6 +9,7 @@ smaller than ``TITAN_ACT_OFFLOAD_MIN_BYTES``. Pure Python: no torch, no megatron
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from titan_plugins import hookimpl
@@ -30,11 +31,14 @@ def titan_memory_effect(layout: MemoryLayout) -> MemoryEffect:
 
     min_bytes = OffloadConfig.from_env().min_bytes
 
-    def offloaded(tensor: Any, size: float) -> bool:
+    def moved(tensor: Any, size: float) -> bool:
         if tensor.module in UNWRAPPED_MODULES or tensor.name in OUTSIDE_BLOCKS:
             return False
         # One planner tensor may stand for several saved ones (one per local expert).
         return size / tensor.pieces >= min_bytes
+
+    def offloaded(tensors: Sequence[Any], sizes: Sequence[float]) -> list[bool]:
+        return [moved(tensor, size) for tensor, size in zip(tensors, sizes)]
 
     return MemoryEffect(
         plugin="act_offload",
