@@ -125,6 +125,33 @@ def test_hook_titan_effects(example):
     module.CALLS.clear()
 
 
+def test_hook_titan_memory_effect(example):
+    from titan_plugins.plan.effects import MemoryEffect, MemoryLayout
+    from titan_plugins.plan.flags import parse_flags
+    from titan_plugins.plan.from_flags import build_config
+    from titan_plugins.plan.memory import stage_memory
+
+    pm, _ = example
+    effect = MemoryEffect(
+        "answer", "ans", "nothing kept", "TITAN_ANSWER=1", stored_bytes=lambda t, b: 0.0
+    )
+
+    class Answer:
+        @hookimpl
+        def titan_memory_effect(self, layout):
+            return effect if layout.config.pp > 1 else None  # None: no effect on this layout
+
+    pm.register(Answer(), name="answer")
+    flags = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 16".split()
+    flags += ["--vocab-size", "128"]
+    single = build_config(parse_flags(flags), 1)
+    pipelined = build_config(parse_flags([*flags, "--pipeline-model-parallel-size", "2"]), 2)
+    assert pm.hook.titan_memory_effect(layout=MemoryLayout(pipelined)) == [effect]
+    assert pm.hook.titan_memory_effect(layout=MemoryLayout(single)) == []
+    stage = stage_memory(pipelined, effects=[effect])[0]
+    assert stage.activations["configured"] > 0 and stage.activations["answer"] == 0
+
+
 def test_hook_titan_doctor(example):
     pm, _ = example
     (checks,) = pm.hook.titan_doctor()

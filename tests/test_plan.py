@@ -11,7 +11,7 @@ import pytest
 from titan_plugins.plan.cli import main, plan_from_argv
 from titan_plugins.plan.flags import PlanError, parse_flags
 from titan_plugins.plan.from_flags import build_config
-from titan_plugins.plan.memory import schedule_units, stage_memory
+from titan_plugins.plan.memory import stage_memory, stage_schedule
 from titan_plugins.plan.script import read_launch_script
 
 KIMI = Path(__file__).resolve().parents[1] / "entrypoints" / "pretrain_kimi_1000B.sh"
@@ -135,6 +135,20 @@ def test_main_json_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(rep["stages"]) == 1
 
 
+def _pipeline(pp: int, gbs: int, *extra: str, vpp: int = 1, world: int | None = None) -> list[str]:
+    """SMALL flags with PP (and VPP), one layer per virtual stage, and a global batch size."""
+    flags = SMALL + ["--num-layers", str(pp * vpp), "--pipeline-model-parallel-size", str(pp)]
+    flags += ["--global-batch-size", str(gbs), *extra]
+    if vpp > 1:
+        flags += ["--num-virtual-stages-per-pipeline-rank", str(vpp)]
+    return ["--world-size", str(world or pp), "--", *flags]
+
+
+def _config(argv: list[str]):
+    world = int(argv[1])
+    return build_config(parse_flags(argv[3:]), world=world)
+
+
 @pytest.mark.parametrize(
     ("pp", "vpp", "rank", "expected"),
     [
@@ -145,61 +159,49 @@ def test_main_json_output(capsys: pytest.CaptureFixture[str]) -> None:
     ],
 )
 def test_warmup_counts_follow_megatron(pp: int, vpp: int, rank: int, expected: int) -> None:
-    flags = parse_flags(
-        SMALL
-        + [
-            "--num-layers",
-            str(pp * vpp),
-            "--pipeline-model-parallel-size",
-            str(pp),
-            "--global-batch-size",
-            "16",
-        ]
-        + (["--num-virtual-stages-per-pipeline-rank", str(vpp)] if vpp > 1 else [])
-    )
-    cfg = build_config(flags, world=pp)
-    forward, backward, warmup = schedule_units(cfg, rank)
-    assert warmup == expected
-    assert sorted(forward) == sorted(backward) and len(forward) == 16 * vpp
+    cfg = _config(_pipeline(pp, 16, vpp=vpp))
+    schedule = stage_schedule(cfg, rank)
+    assert schedule.warmup == expected
+    assert len(schedule.units()) == 16 * vpp and schedule.steady == 16 * vpp - expected
+
+
+def test_microbatch_group_size_sets_the_interleaved_warmup() -> None:
+    """--microbatch-group-size-per-virtual-pipeline-stage replaces PP in the warm-up count
+    (the plan used to ignore it): 2 (pp - rank - 1) + (vpp - 1) group."""
+    argv = _pipeline(4, 16, "--microbatch-group-size-per-virtual-pipeline-stage", "8", vpp=2)
+    cfg = _config(argv)
+    stages = stage_memory(cfg, effects=())
+    assert [stage_schedule(cfg, r).warmup for r in range(4)] == [14, 12, 10, 8]
+    assert [s.in_flight for s in stages] == [15, 13, 11, 9]
+
+
+def test_interleaved_refuses_a_short_last_group() -> None:
+    """megatron refuses microbatches whose last group is shorter than PP (plan used to plan it)."""
+    with pytest.raises(PlanError, match=r"6 microbatches in groups of 4 leave a last group of 2"):
+        _plan(_pipeline(4, 12, vpp=2, world=8))
+
+
+def test_ep_overlap_adds_a_warmup_forward_with_layout_virtual_stages() -> None:
+    """EP A2A overlap runs one more warm-up forward under the interleaved schedule, also when a
+    layout string (not a flag) sets the virtual stages (plan used to miss that case)."""
+    flags = SMALL + ["--num-experts", "4", "--expert-model-parallel-size", "2"]
+    flags += ["--pipeline-model-parallel-size", "2", "--global-batch-size", "8"]
+    flags += ["--pipeline-model-parallel-layout", "Et|t|t|tL"]
+    plain = _plan(["--world-size", "4", "--", *flags])
+    overlap = _plan(["--world-size", "4", "--", *flags, "--overlap-moe-expert-parallel-comm"])
+    assert plain["parallel"]["vpp"] == 2
+    assert [s["in_flight_units"] for s in plain["stages"]] == [5, 3]
+    assert [s["in_flight_units"] for s in overlap["stages"]] == [6, 4]
+
+
+def test_ep_overlap_with_pipelining_needs_virtual_stages() -> None:
+    argv = _pipeline(2, 8, "--num-experts", "4", "--overlap-moe-expert-parallel-comm")
+    with pytest.raises(PlanError, match="needs virtual stages"):
+        _plan(argv)
 
 
 def test_in_flight_microbatches_under_1f1b() -> None:
-    rep = _plan(
-        [
-            "--world-size",
-            "4",
-            "--",
-            *SMALL,
-            "--pipeline-model-parallel-size",
-            "4",
-            "--global-batch-size",
-            "8",
-        ]
-    )
+    rep = _plan(_pipeline(4, 8, "--num-layers", "4"))
     assert [s["in_flight_units"] for s in rep["stages"]] == [4, 3, 2, 1]
     per_mb = rep["stages"][1]["activation_bytes_per_microbatch"]
     assert rep["stages"][1]["activation_peak_bytes"]["configured"] == pytest.approx(3 * per_mb)
-
-
-def test_fp8_storage_and_offload_reduce_activations() -> None:
-    # hidden 512 x seq 512: saved tensors above act_offload's 64 KiB minimum
-    flags = SMALL + ["--hidden-size", "512", "--seq-length", "512", "--bf16"]
-    rep = _plan(
-        [
-            "--world-size",
-            "4",
-            "--",
-            *flags,
-            "--pipeline-model-parallel-size",
-            "4",
-            "--global-batch-size",
-            "8",
-        ]
-    )
-    acts = rep["stages"][0]["activation_peak_bytes"]
-    assert acts["fp8_blockwise"] < acts["configured"]
-    assert acts["act_offload"] < acts["configured"]
-    assert acts["fp8_blockwise+act_offload"] < min(acts["fp8_blockwise"], acts["act_offload"])
-    # the last stage runs each backward right after its forward: nothing waits, nothing moves
-    last = rep["stages"][-1]["activation_peak_bytes"]
-    assert last["act_offload"] == last["configured"]

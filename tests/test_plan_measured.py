@@ -64,11 +64,26 @@ def measure(overrides: dict, position: str, plugin: str | None = None, ep: int =
         return _measure(overrides, position, ep)
 
 
+def _gpt(cfg: object, spec: object, position: str) -> object:
+    """megatron's GPTModel of the tiny vocabulary and sequence, untied embeddings."""
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    from titan_plugins.testing import tiny_gpt
+
+    return GPTModel(
+        cfg,
+        spec,
+        vocab_size=tiny_gpt.VOCAB,
+        max_sequence_length=tiny_gpt.SEQ,
+        share_embeddings_and_output_weights=False,
+        position_embedding_type=position,
+    )
+
+
 def _measure(overrides: dict, position: str, ep: int) -> dict:
     import torch
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
-    from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.transformer.module import Float16Module
     from megatron.core.transformer.moe.moe_utils import (
@@ -83,15 +98,7 @@ def _measure(overrides: dict, position: str, ep: int) -> dict:
     if overrides.get("params_dtype") == "bf16":
         overrides["params_dtype"] = torch.bfloat16
     cfg = tiny_gpt.make_config(**overrides)
-    spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False)
-    model = GPTModel(
-        cfg,
-        spec,
-        vocab_size=tiny_gpt.VOCAB,
-        max_sequence_length=tiny_gpt.SEQ,
-        share_embeddings_and_output_weights=False,
-        position_embedding_type=position,
-    )
+    model = _gpt(cfg, get_gpt_decoder_block_spec(cfg, use_transformer_engine=False), position)
     half = bool(cfg.bf16)
     module = Float16Module(cfg, model) if half else model
     ddp = DistributedDataParallel(
@@ -183,7 +190,6 @@ def count_mla_params() -> int:
 
     import torch
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
-    from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer import multi_latent_attention as mla_module
     from megatron.core.transformer.transformer_config import MLATransformerConfig
 
@@ -220,14 +226,7 @@ def count_mla_params() -> int:
     had_te = mla_module.HAVE_TE
     mla_module.HAVE_TE = False
     try:
-        model = GPTModel(
-            cfg,
-            spec,
-            vocab_size=tiny_gpt.VOCAB,
-            max_sequence_length=tiny_gpt.SEQ,
-            share_embeddings_and_output_weights=False,
-            position_embedding_type="rope",
-        )
+        model = _gpt(cfg, spec, "rope")
     finally:
         mla_module.HAVE_TE = had_te
     return sum(p.numel() for p in model.parameters())

@@ -3,7 +3,8 @@
 Plugins implement these with ``@titan_plugins.hookimpl``. The core calls them at activation
 (``titan_register_patches``, ``titan_settings``), from Megatron's argument parsing and config
 (``titan_add_arguments``, ``titan_configure``), when a backend is chosen (``titan_moe_dispatcher``,
-``titan_p2p_communicator``), and from the CLI (``titan_report``, ``titan_doctor``).
+``titan_p2p_communicator``), and from the CLI (``titan_report``, ``titan_doctor``,
+``titan_memory_effect``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 
     from titan_plugins.doctor import Check
     from titan_plugins.patching import Patch
+    from titan_plugins.plan.effects import MemoryEffect, MemoryLayout
     from titan_plugins.settings import Setting
     from titan_plugins.train_step import Microbatch, OptimizerStep, TrainStep
 
@@ -213,4 +215,27 @@ def titan_doctor() -> list[Check]:
     """Run the plugin's capability checks for ``titan-plugins doctor``.
 
     :return: a list of :class:`titan_plugins.doctor.Check`, each with a fix when not ok.
+    """
+
+
+# --------------------------------------------------------------------------------------------
+# Planning hooks: ``titan-plugins plan`` asks, no training involved.
+# --------------------------------------------------------------------------------------------
+
+
+@hookspec
+def titan_memory_effect(layout: MemoryLayout) -> MemoryEffect | None:
+    """State what the plugin does to per-rank memory, for ``titan-plugins plan``.
+
+    Fires once per plan, for every installed plugin whether switched on or off (the plan shows
+    what each would do), never during training; must be pure Python and cheap (no torch, no
+    megatron). The planner applies each answer to the saved tensors it models (it knows no
+    plugin's constants) and reports the activation peak per pipeline rank with each plugin,
+    and with all of them together.
+
+    :param layout: a :class:`titan_plugins.plan.effects.MemoryLayout`: the launch's model,
+        parallel layout and training setup (``layout.config``) and the planner's assumptions.
+    :return: a :class:`titan_plugins.plan.effects.MemoryEffect` (how saved tensors are stored,
+        which leave the device while they wait, the switch that turns it on), or None when the
+        plugin does not change activation memory for this layout.
     """

@@ -87,7 +87,9 @@ def _record(ep: metadata.EntryPoint) -> PluginRecord:
 
 
 def get_plugin_manager(
-    only: list[str] | None = None, entry_points: list[metadata.EntryPoint] | None = None
+    only: list[str] | None = None,
+    entry_points: list[metadata.EntryPoint] | None = None,
+    switches: bool = True,
 ) -> TitanPluginManager:
     """Build the manager: hookspecs, built-ins, then the enabled installed plugins.
 
@@ -98,6 +100,7 @@ def get_plugin_manager(
 
     :param only: an explicit allowlist of entry-point names (``apply(only=...)``).
     :param entry_points: override discovery (tests); defaults to :func:`discover`.
+    :param switches: False loads every installed plugin, on or off (``plan`` asks them all).
     """
     from titan_plugins import builtin
 
@@ -105,7 +108,8 @@ def get_plugin_manager(
     pm.add_hookspecs(hookspecs)
     pm.register(builtin, name=BUILTIN)
     by_name = _claim_names(pm, discover() if entry_points is None else entry_points)
-    for name, reason in disabled_reasons(by_name, only, pm.problems).items():
+    blocked = disabled_reasons(by_name, only, pm.problems) if switches else {}
+    for name, reason in blocked.items():
         pm.set_blocked(name)
         pm.records[name].state, pm.records[name].reason = DISABLED, reason
     for name, ep in by_name.items():

@@ -31,6 +31,7 @@ class Entry:
     tiles: float = 0.0  # 1x128 scale tiles of the FP8 copy (linear inputs)
     fp8_only: bool = False  # an FP8 copy of a tensor that is saved anyway (shares it otherwise)
     fp8_scale: float = 1.0  # element growth under FP8 (experts pad tokens to the FP8 alignment)
+    pieces: int = 1  # separate tensors it stands for (one per local expert for expert tensors)
 
     @property
     def bytes(self) -> float:
@@ -63,7 +64,7 @@ def _linear_input(
     features = elements / tokens if tokens else 0
     tiles = features * groups * math.ceil(fp8_tokens / groups / TILE) if tokens else 0
     scale = fp8_tokens / tokens if tokens else 1.0
-    return Entry(name, elements, a, module, True, tiles, fp8_only, scale)
+    return Entry(name, elements, a, module, True, tiles, fp8_only, scale, groups)
 
 
 def _stats_bytes(cfg: PlanConfig) -> int:
@@ -183,7 +184,9 @@ def _mlp_part(cfg: PlanConfig, t: float, a: int, moe: bool) -> list[Entry]:
             fp8_tokens=padded,
         )
     )
-    out.append(Entry("expert_fc1_output", routed * gate * f, a, "moe", fp8_scale=grow))
+    out.append(
+        Entry("expert_fc1_output", routed * gate * f, a, "moe", fp8_scale=grow, pieces=local)
+    )
     out.append(
         _linear_input(
             "expert_fc2_input", routed * f, a, "moe_act", routed, local, fp8_tokens=padded
@@ -197,9 +200,10 @@ def _mlp_part(cfg: PlanConfig, t: float, a: int, moe: bool) -> list[Entry]:
                 a,
                 "moe_act",
                 fp8_scale=grow,
+                pieces=local,
             )
         )
-    out.append(Entry("expert_probs", routed, 4, "moe", fp8_scale=grow))
+    out.append(Entry("expert_probs", routed, 4, "moe", fp8_scale=grow, pieces=local))
     if cfg.shared_ffn:
         s = cfg.shared_ffn / cfg.tp
         out.append(Entry("shared_fc1_output", t * gate * s, a, "shared_experts"))

@@ -59,7 +59,8 @@ def _parser() -> argparse.ArgumentParser:
         "--act-offload-resident",
         type=int,
         default=2,
-        help="in-flight units whose activations act_offload keeps on the device",
+        help="in-flight units whose activations an offloading plugin keeps on the device "
+        "(the forward in progress and the unit prefetched for the next backward)",
     )
     p.add_argument("--entry", default="pretrain_gpt.py", help="script the launcher runs")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -103,7 +104,6 @@ def plan_from_argv(argv: list[str], env: dict[str, str] | None = None) -> dict:
         step_time=args.step_time,
         peak_tflops=args.peak_tflops,
         resident=args.act_offload_resident,
-        ep_overlap=bool(flags.get("--overlap-moe-expert-parallel-comm")) and cfg.vpp > 1,
     )
 
 

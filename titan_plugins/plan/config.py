@@ -82,6 +82,8 @@ class PlanConfig:
     recompute_granularity: str | None
     recompute_modules: list[str] = field(default_factory=list)
     offload_modules: list[str] = field(default_factory=list)
+    vp_group: int | None = None  # microbatch group size per virtual stage (None: PP)
+    ep_overlap: bool = False  # --overlap-moe-expert-parallel-comm (combined 1F1B)
 
     @property
     def dp(self) -> int:

@@ -220,4 +220,6 @@ def build_config(flags: dict, world: int) -> PlanConfig:
         offload_modules=list(flags.get("--offload-modules") or [])
         if flags.get("--fine-grained-activation-offloading")
         else [],
+        vp_group=_int(flags, "--microbatch-group-size-per-virtual-pipeline-stage"),
+        ep_overlap=bool(flags.get("--overlap-moe-expert-parallel-comm")),
     )

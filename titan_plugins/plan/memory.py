@@ -6,23 +6,33 @@ with the distributed optimizer (ZeRO-1): dense parameters over DP x CP, expert p
 expert DP. Padding of DDP buckets (< 64 elements per parameter, < lcm(DP, 128) per bucket) is
 not modelled.
 
-Activations: the schedule is simulated per pipeline rank with Megatron's warm-up counts (1F1B:
-``pp - rank - 1``; interleaved: ``2 * (pp - rank - 1) + (vpp - 1) * pp``, +1 with EP A2A
-overlap), forward units in Megatron's chunk order, so the peak counts each chunk's own
-activations. Variants: as configured, ``fp8_blockwise`` storage, and ``act_offload`` (only the
-``resident`` most recent units keep their offloadable tensors on the device: the forward in
-progress and the unit prefetched for the next backward; the plugin never moves the pre-norm
-inputs, the head, or tensors under 64 KiB).
+Activations: each rank's events come from the core's model of Megatron's schedule order
+(:mod:`titan_plugins.schedule`: warm-up, steady 1F1B, cool-down per chunk and microbatch), and
+the peak counts each chunk's own activations at every forward. Variants: as configured, and
+what each installed plugin says it does (``titan_memory_effect``, :mod:`.effects`), alone and
+all together.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from titan_plugins.plan import activations as act
 from titan_plugins.plan.config import PlanConfig
+from titan_plugins.plan.effects import MemoryEffect, MemoryLayout, Variant, ask_plugins, variants
+from titan_plugins.plan.flags import PlanError
 from titan_plugins.plan.layout import Chunk, pipeline_chunks
 from titan_plugins.plan.params import Params, embedding_params, head_params, layer_params
+from titan_plugins.schedule import (
+    FORWARD,
+    INTERLEAVED,
+    ONE_F_ONE_B,
+    Schedule,
+    pipeline_schedule,
+    replay,
+    schedule_kind,
+)
 
 # Megatron --offload-modules names -> the saved tensors they move off the device.
 _MEGATRON_OFFLOAD = {
@@ -57,150 +67,123 @@ class StageMemory:
         return self.param_bytes + self.grad_bytes + self.optimizer_bytes
 
 
-def _chunk_entries(cfg: PlanConfig, chunk: Chunk) -> list[act.Entry]:
-    entries: list[act.Entry] = []
-    if chunk.embedding:
-        entries += act.embedding_entries(cfg)
-    for layer in chunk.layers:
-        entries += act.layer_entries(cfg, cfg.is_moe(layer))
-    if chunk.head:
-        entries += act.head_entries(cfg)
-    return entries
+def _chunk_entries(cfg: PlanConfig, chunk: Chunk) -> list[list[act.Entry]]:
+    """A chunk's saved tensors for one microbatch, by group: embedding, each layer, head."""
+    groups = [act.embedding_entries(cfg)] if chunk.embedding else []
+    groups += [act.layer_entries(cfg, cfg.is_moe(layer)) for layer in chunk.layers]
+    return groups + ([act.head_entries(cfg)] if chunk.head else [])
 
 
-# Saved outside the blocks act_offload wraps (attention, MLP/MoE): the pre-norms save their inputs.
-_OUTSIDE_BLOCKS = {"attn_norm_input", "attn_norm_stats", "mlp_norm_input", "mlp_norm_stats"}
-ACT_OFFLOAD_MIN_BYTES = 64 * 2**10  # TITAN_ACT_OFFLOAD_MIN_BYTES default: smaller tensors stay
+def stage_schedule(cfg: PlanConfig, rank: int) -> Schedule:
+    """The order megatron runs units on pipeline ``rank`` (``cfg.vpp`` as the layout set it).
 
-
-def _offloadable(cfg: PlanConfig, entry: act.Entry, size: float) -> bool:
-    """Whether act_offload moves this saved tensor to the host (per-tensor size threshold)."""
-    if entry.module in ("embedding", "head") or entry.name in _OUTSIDE_BLOCKS:
-        return False
-    per_tensor = size / (cfg.experts // cfg.ep) if entry.name.startswith("expert_") else size
-    return per_tensor >= ACT_OFFLOAD_MIN_BYTES
-
-
-def _unit_bytes(cfg: PlanConfig, entries: list[act.Entry], fp8: bool) -> tuple[float, float]:
-    """(device bytes, offloadable bytes) of one chunk for one microbatch."""
-    megatron_off = set().union(*(_MEGATRON_OFFLOAD.get(m, set()) for m in cfg.offload_modules))
-    total = offloadable = 0.0
-    for e in entries:
-        size = e.fp8_bytes() if fp8 else e.bytes
-        if e.name in megatron_off:
-            continue  # megatron's own offloading keeps these on the host
-        total += size
-        if _offloadable(cfg, e, size):
-            offloadable += size
-    return total, offloadable
-
-
-def schedule_units(cfg: PlanConfig, rank: int, ep_overlap: bool = False) -> tuple[list, list, int]:
-    """Forward and backward order of (chunk, microbatch) units on ``rank`` and the warm-up count."""
-    nmb, vpp, pp = cfg.num_microbatches, cfg.vpp, cfg.pp
-    total = nmb * vpp
-    if pp == 1:
-        warmup = 0
-    elif vpp == 1:
-        warmup = pp - rank - 1
-    else:
-        warmup = 2 * (pp - rank - 1) + (vpp - 1) * pp + int(ep_overlap)
-    warmup = min(warmup, total)
-    # Megatron's schedule table: microbatches in groups of ``pp`` (the last group takes the rest),
-    # each group through every chunk in turn; backward runs the chunks in reverse.
-    group = pp if vpp > 1 else 1
-    table: list[tuple[int, int]] = []
-    for start in range(0, nmb, group):
-        end = nmb if start + group >= nmb else start + group
-        table += [(chunk, mb) for chunk in range(vpp) for mb in range(start, end)]
-    forward = table
-    backward = [(vpp - 1 - chunk, mb) for chunk, mb in table]
-    return forward, backward, warmup
+    EP A2A overlap changes the order only under the interleaved schedule (one more warm-up
+    forward). At PP=1 megatron's combined step interleaves the next forward with the previous
+    backward layer by layer, about one unit plus one layer alive: modelled as one unit.
+    """
+    kind = schedule_kind(cfg.pp, cfg.vpp)
+    if cfg.ep_overlap and kind == ONE_F_ONE_B:
+        raise PlanError(
+            "--overlap-moe-expert-parallel-comm with --pipeline-model-parallel-size > 1 needs "
+            "virtual stages (--num-virtual-stages-per-pipeline-rank), as megatron-core asserts"
+        )
+    try:
+        return pipeline_schedule(
+            kind,
+            cfg.pp,
+            rank,
+            cfg.num_microbatches,
+            cfg.vpp,
+            cfg.vp_group,
+            ep_overlap=cfg.ep_overlap and kind == INTERLEAVED,
+        )
+    except ValueError as err:  # a layout megatron refuses: name the flags that set it
+        raise PlanError(
+            f"{err}; microbatches = --global-batch-size {cfg.gbs} / (MBS {cfg.mbs} * DP "
+            f"{cfg.dp}), group size = --microbatch-group-size-per-virtual-pipeline-stage "
+            f"(default PP)"
+        ) from None
 
 
 def peak_activations(
-    cfg: PlanConfig,
-    units: list[tuple[float, float]],
-    rank: int,
-    resident: int | None,
-    ep_overlap: bool = False,
+    schedule: Schedule, units: Sequence[tuple[float, float]], resident: int | None
 ) -> tuple[float, int]:
-    """Peak device activation bytes on ``rank`` and the number of units alive at that peak.
+    """Peak device activation bytes over ``schedule`` and the number of units alive at it.
 
-    ``units[c]`` is (device bytes, offloadable bytes) of chunk ``c``; with ``resident`` set, all but
-    the ``resident`` newest live units keep only their non-offloadable part on the device.
+    ``units[c]`` is (device bytes, offloadable bytes) of chunk ``c``; with ``resident`` set, all
+    but the ``resident`` newest live units keep only their non-offloadable part on the device.
     """
-    forward, backward, warmup = schedule_units(cfg, rank, ep_overlap)
-    live: list[tuple[int, int]] = []
     peak, peak_count = 0.0, 0
-
-    def device() -> float:
-        total = 0.0
-        for i, (chunk, _) in enumerate(live):
-            full, off = units[chunk]
+    for event, live in replay(schedule.events):
+        if event.kind != FORWARD:
+            continue
+        now = 0.0
+        for i, unit in enumerate(live):
+            full, off = units[unit.chunk]
             newest = resident is None or i >= len(live) - resident
-            total += full if newest else full - off
-        return total
-
-    steps = [("F", f) for f in forward[:warmup]]
-    for k in range(len(forward) - warmup):
-        steps += [("F", forward[warmup + k]), ("B", backward[k])]
-    steps += [("B", b) for b in backward[len(forward) - warmup :]]
-    for kind, u in steps:
-        if kind == "F":
-            live.append(u)
-            now = device()
-            if now > peak:
-                peak, peak_count = now, len(live)
-        else:
-            live.remove(u)
+            now += full if newest else full - off
+        if now > peak:
+            peak, peak_count = now, len(live)
     return peak, peak_count
 
 
-def stage_memory(cfg: PlanConfig, resident: int = 2, ep_overlap: bool = False) -> list[StageMemory]:
-    """Memory of every pipeline rank (rank 0 first)."""
-    stages = []
-    p_bytes = cfg.act_bytes
-    for rank, chunks in enumerate(pipeline_chunks(cfg)):
-        params = Params()
-        for chunk in chunks:
-            for layer in chunk.layers:
-                params = params + layer_params(cfg, layer)
-            if chunk.embedding:
-                params = params + Params(embedding_params(cfg))
-            if chunk.head:
-                params = params + Params(head_params(cfg))
-        per_param_state = (cfg.main_param_bytes if cfg.param_dtype != "fp32" else 0) + (
-            cfg.exp_avg_bytes + cfg.exp_avg_sq_bytes if cfg.optimizer == "adam" else 4
+def _states(cfg: PlanConfig, chunks: list[Chunk]) -> tuple[Params, float]:
+    """Parameters of a rank's chunks and their optimizer-state bytes."""
+    params = Params()
+    for chunk in chunks:
+        for layer in chunk.layers:
+            params = params + layer_params(cfg, layer)
+        if chunk.embedding:
+            params = params + Params(embedding_params(cfg))
+        if chunk.head:
+            params = params + Params(head_params(cfg))
+    per_param_state = (cfg.main_param_bytes if cfg.param_dtype != "fp32" else 0) + (
+        cfg.exp_avg_bytes + cfg.exp_avg_sq_bytes if cfg.optimizer == "adam" else 4
+    )
+    if cfg.dist_opt:
+        return params, per_param_state * (
+            params.dense / (cfg.dp * cfg.cp) + params.expert / cfg.edp
         )
-        if cfg.dist_opt:
-            opt = per_param_state * (params.dense / (cfg.dp * cfg.cp) + params.expert / cfg.edp)
-        else:
-            opt = per_param_state * params.total
+    return params, per_param_state * params.total
+
+
+def stage_memory(
+    cfg: PlanConfig, resident: int = 2, effects: Sequence[MemoryEffect] | None = None
+) -> list[StageMemory]:
+    """Memory of every pipeline rank (rank 0 first).
+
+    :param resident: ``plan --act-offload-resident``, passed to the plugins in the layout.
+    :param effects: the plugins' memory effects; None asks the installed plugins.
+    """
+    chunks_by_rank = pipeline_chunks(cfg)  # settles cfg.vpp from a layout string
+    if effects is None:
+        effects = ask_plugins(MemoryLayout(cfg, resident))
+    shown: list[Variant] = variants(effects)
+    dropped = set().union(*(_MEGATRON_OFFLOAD.get(m, set()) for m in cfg.offload_modules))
+    stages = []
+    for rank, chunks in enumerate(chunks_by_rank):
+        params, opt = _states(cfg, chunks)
         entries = [_chunk_entries(cfg, c) for c in chunks]
-        variants = {}
-        fp8_default = cfg.fp8
-        plain = [_unit_bytes(cfg, e, fp8_default) for e in entries]
-        fp8 = [_unit_bytes(cfg, e, True) for e in entries]
-        peak, count = peak_activations(cfg, plain, rank, None, ep_overlap)
-        variants["configured"] = peak
-        variants["fp8_blockwise"] = peak_activations(cfg, fp8, rank, None, ep_overlap)[0]
-        variants["act_offload"] = peak_activations(cfg, plain, rank, resident, ep_overlap)[0]
-        variants["fp8_blockwise+act_offload"] = peak_activations(
-            cfg, fp8, rank, resident, ep_overlap
-        )[0]
+        schedule = stage_schedule(cfg, rank)
+        peaks: dict[str, float] = {}
+        per_microbatch, in_flight = 0.0, 0
+        for variant in shown:
+            units = [variant.unit_bytes(e, cfg.fp8, dropped) for e in entries]
+            peaks[variant.name], count = peak_activations(schedule, units, variant.resident_units)
+            if variant.name == "configured":
+                per_microbatch, in_flight = sum(u[0] for u in units), count
         stages.append(
             StageMemory(
                 rank=rank,
                 layers=[c.layers for c in chunks],
                 params=params,
-                param_bytes=params.total * p_bytes,
+                param_bytes=params.total * cfg.act_bytes,
                 grad_bytes=params.total * cfg.grad_bytes,
                 optimizer_bytes=opt * (1 - cfg.opt_offload_fraction),
                 optimizer_host_bytes=opt * cfg.opt_offload_fraction,
-                act_per_microbatch=sum(u[0] for u in plain),
-                in_flight=count,
-                activations=variants,
+                act_per_microbatch=per_microbatch,
+                in_flight=in_flight,
+                activations=peaks,
             )
         )
     return stages

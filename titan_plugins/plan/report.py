@@ -3,67 +3,73 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 from titan_plugins.plan.config import PlanConfig
+from titan_plugins.plan.effects import MemoryEffect, MemoryLayout, Variant, ask_plugins, variants
 from titan_plugins.plan.flops import flops_per_step, mfu
 from titan_plugins.plan.memory import StageMemory, stage_memory
 from titan_plugins.plan.params import total_params
 
 GIB = 2**30
-VARIANTS = ("configured", "fp8_blockwise", "act_offload", "fp8_blockwise+act_offload")
-_SWITCHES = {
-    "fp8_blockwise": "TITAN_FP8_BLOCKWISE=1 with --fp8-format e4m3 --fp8-recipe blockwise "
-    "(linear-layer inputs saved as FP8 + 1x128 scales)",
-    "act_offload": "TITAN_ACT_OFFLOAD=1 (saved activations of waiting microbatches to host)",
-    "fp8_blockwise+act_offload": "both TITAN_FP8_BLOCKWISE=1 (+ --fp8-format e4m3 "
-    "--fp8-recipe blockwise) and TITAN_ACT_OFFLOAD=1",
-}
+
+
+def switch_text(variant: Variant) -> str:
+    """How to turn a variant on, for the advice (one plugin, or all of its plugins)."""
+    effects = variant.effects
+    if len(effects) == 1:
+        (e,) = effects
+        return f"{e.switch}{' with ' + e.flags if e.flags else ''} ({e.description})"
+    parts = [f"{e.switch}{' (+ ' + e.flags + ')' if e.flags else ''}" for e in effects]
+    joined = " and ".join([", ".join(parts[:-1]), parts[-1]])
+    return f"{'both' if len(parts) == 2 else 'all of'} {joined}"
 
 
 def _peak(stage: StageMemory, variant: str) -> float:
     return stage.states + stage.activations[variant]
 
 
-def _worst(cfg: PlanConfig, resident: int, ep_overlap: bool, **change: Any) -> float:
+def _worst(cfg: PlanConfig, **change: Any) -> float:
+    """The worst stage's configured peak with Megatron settings changed (plugins play no part)."""
     alt = copy.copy(cfg)
     for key, value in change.items():
         setattr(alt, key, value)
-    return max(_peak(s, "configured") for s in stage_memory(alt, resident, ep_overlap))
+    return max(_peak(s, "configured") for s in stage_memory(alt, effects=()))
 
 
 def _advice(
-    cfg: PlanConfig, stages: list[StageMemory], budget: float, resident: int, ep_overlap: bool
+    cfg: PlanConfig, stages: list[StageMemory], budget: float, shown: Sequence[Variant]
 ) -> list[str]:
     """What to switch on, cheapest first, with the worst stage's peak it gives."""
     options: list[tuple[str, float]] = []
     configured = max(_peak(s, "configured") for s in stages)
-    for variant in VARIANTS[1:]:
-        worst = max(_peak(s, variant) for s in stages)
+    for variant in shown[1:]:
+        worst = max(_peak(s, variant.name) for s in stages)
         if worst >= configured:
             continue  # already in effect (e.g. fp8 flags given): nothing to switch on
-        options.append((_SWITCHES[variant], worst))
+        options.append((switch_text(variant), worst))
         if worst <= budget:
             break
     if not cfg.dist_opt and cfg.dp > 1:
         options.append(
             (
                 f"--use-distributed-optimizer (ZeRO-1 over DP {cfg.dp})",
-                _worst(cfg, resident, ep_overlap, dist_opt=True),
+                _worst(cfg, dist_opt=True),
             )
         )
     if cfg.opt_offload_fraction < 1:
         options.append(
             (
                 "--optimizer-cpu-offload --optimizer-offload-fraction 1.0",
-                _worst(cfg, resident, ep_overlap, opt_offload_fraction=1.0),
+                _worst(cfg, opt_offload_fraction=1.0),
             )
         )
     if cfg.recompute_granularity != "full":
         options.append(
             (
                 "--recompute-granularity full (recomputes every layer)",
-                _worst(cfg, resident, ep_overlap, recompute_granularity="full"),
+                _worst(cfg, recompute_granularity="full"),
             )
         )
     tips = [f"{text}: worst stage {worst / GIB:.1f} GiB" for text, worst in options]
@@ -82,10 +88,18 @@ def build_report(
     step_time: float | None = None,
     peak_tflops: float | None = None,
     resident: int = 2,
-    ep_overlap: bool = False,
+    effects: Sequence[MemoryEffect] | None = None,
 ) -> dict[str, Any]:
-    """The whole plan as plain data (what ``--json`` prints)."""
-    stages = stage_memory(cfg, resident, ep_overlap)
+    """The whole plan as plain data (what ``--json`` prints).
+
+    :param resident: ``--act-offload-resident``, handed to the plugins in the layout.
+    :param effects: the plugins' memory effects; None asks the installed plugins.
+    """
+    if effects is None:
+        effects = ask_plugins(MemoryLayout(cfg, resident))
+    shown = variants(effects)
+    names = [v.name for v in shown]
+    stages = stage_memory(cfg, resident, effects)
     total, active = total_params(cfg)
     flops = flops_per_step(cfg)
     out: dict[str, Any] = {
@@ -123,12 +137,16 @@ def build_report(
                 "activation_bytes_per_microbatch": s.act_per_microbatch,
                 "in_flight_units": s.in_flight,
                 "activation_peak_bytes": dict(s.activations),
-                "peak_bytes": {v: _peak(s, v) for v in VARIANTS},
+                "peak_bytes": {v: _peak(s, v) for v in names},
             }
             for s in stages
         ],
         "flops_per_step": flops,
         "act_offload_resident_units": resident,
+        "variants": [
+            {"name": v.name, "label": v.label, "legend": v.legend, "switch": switch_text(v)}
+            for v in shown[1:]
+        ],
     }
     if step_time and peak_tflops:
         out["mfu"] = mfu(cfg, step_time, peak_tflops)
@@ -138,8 +156,8 @@ def build_report(
         worst = max(_peak(s, "configured") for s in stages)
         out["device_bytes"], out["budget_bytes"] = device_bytes, budget
         out["fits"] = worst <= budget
-        out["fits_with"] = {v: max(_peak(s, v) for s in stages) <= budget for v in VARIANTS}
-        out["advice"] = [] if out["fits"] else _advice(cfg, stages, budget, resident, ep_overlap)
+        out["fits_with"] = {v: max(_peak(s, v) for s in stages) <= budget for v in names}
+        out["advice"] = [] if out["fits"] else _advice(cfg, stages, budget, shown)
     return out
 
 
@@ -164,6 +182,14 @@ def render_text(rep: dict[str, Any]) -> str:
     m, p = rep["model"], rep["parallel"]
     biggest = max(s["peak_bytes"]["configured"] for s in rep["stages"])
     unit, scale = ("GiB", GIB) if biggest >= GIB / 8 else ("MiB", 2**20)
+    shown = rep["variants"]
+    names = ["configured"] + [v["name"] for v in shown]
+    legend = ""
+    if shown:
+        legend = (
+            f"; {' / '.join(v['label'] for v in shown)}: with "
+            f"{', '.join(v['legend'] for v in shown)}"
+        )
     lines = [
         f"model: {_count(m['params_total'])} parameters ({_count(m['params_active'])} "
         f"active), {m['layers']} layers ({m['moe_layers']} MoE), vocab {m['vocab_padded']}",
@@ -172,11 +198,11 @@ def render_text(rep: dict[str, Any]) -> str:
         f"{p['microbatches']} microbatches/step; distributed optimizer "
         f"{'on' if p['distributed_optimizer'] else 'off'}",
         f"memory per GPU ({unit}) by pipeline rank; act = peak over the schedule of the "
-        f"in-flight units (chunk x microbatch); +fp8 / +offl / +both: with fp8_blockwise "
-        f"storage, act_offload, both",
+        f"in-flight units (chunk x microbatch){legend}",
         f"{'rank':>4} {'layers':>12} {'params':>8} {'param':>7} {'grad':>7} {'optim':>7} "
-        f"{'states':>7} {'act/mb':>7} {'units':>5} {'act':>7} {'+fp8':>7} {'+offl':>7} "
-        f"{'+both':>7} {'peak':>7}",
+        f"{'states':>7} {'act/mb':>7} {'units':>5} {'act':>7} "
+        + "".join(f"{v['label']:>7} " for v in shown)
+        + f"{'peak':>7}",
     ]
     for s in rep["stages"]:
         a = s["activation_peak_bytes"]
@@ -185,7 +211,7 @@ def render_text(rep: dict[str, Any]) -> str:
             f"{s['param_bytes'] / scale:>7.1f} {s['grad_bytes'] / scale:>7.1f} "
             f"{s['optimizer_bytes'] / scale:>7.1f} {s['states_bytes'] / scale:>7.1f} "
             f"{s['activation_bytes_per_microbatch'] / scale:>7.2f} {s['in_flight_units']:>5} "
-            + " ".join(f"{a[v] / scale:>7.1f}" for v in VARIANTS)
+            + " ".join(f"{a[v] / scale:>7.1f}" for v in names)
             + f" {s['peak_bytes']['configured'] / scale:>7.1f}"
         )
     lines.append(f"FLOPs per step: {rep['flops_per_step']:.4g} (model FLOPs, Megatron accounting)")

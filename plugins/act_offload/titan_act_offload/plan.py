@@ -1,91 +1,65 @@
-"""Offload plan of one pipeline stage, derived from megatron-core's schedule order.
+"""Offload plan of one pipeline stage, on the core's model of megatron-core's schedule order.
 
 A *unit* is one (model chunk, microbatch) forward whose saved activations live until the
-matching backward. The schedule of a stage is a sequence of events ``F(unit)`` / ``B(unit)``;
-the number of events between a unit's forward and its backward (its *gap*) is how long its
-activations wait. The plan offloads the units that wait at least ``min_gap`` events (longest
-first when a host budget limits how many fit) and prefetches each offloaded unit at the start
-of the event just before its backward, in the order the schedule runs backward.
+matching backward. The schedule of a stage is a sequence of events ``F(unit)`` / ``B(unit)``
+(:mod:`titan_plugins.schedule`, the project's one model of megatron's warm-up / steady /
+cool-down order, checked against the real schedules there); the number of events between a
+unit's forward and its backward (its *gap*) is how long its activations wait. The plan offloads
+the units that wait at least ``min_gap`` events (longest first when a host budget limits how many
+fit) and prefetches each offloaded unit at the start of the event just before its backward, in
+the order the schedule runs backward. At run time ``Step`` checks each call against the plan.
 
-Pure Python: the orders mirror megatron-core 0.16.1 ``schedules.py`` (``get_pp_rank_microbatches``,
-``get_schedule_table``, the warmup / steady 1F1B / cooldown loops) and are checked against the real
-schedule at run time (``Step.mismatches``).
+``schedule_events`` and the names re-exported here keep this module's API for the plugin's
+other modules (runtime, step, records, offloader) and the benchmark.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any
 
-NO_PIPELINING, ONE_F_ONE_B, INTERLEAVED = "no_pipelining", "1f1b", "interleaved"
-KINDS = (NO_PIPELINING, ONE_F_ONE_B, INTERLEAVED)
+from titan_plugins.schedule import (
+    FORWARD,
+    INTERLEAVED,
+    KINDS,
+    NO_PIPELINING,
+    ONE_F_ONE_B,
+    Event,
+    Unit,
+    live_peak,
+    pipeline_schedule,
+    schedule_table,
+    unit_positions,
+)
+
+__all__ = [
+    "INTERLEAVED",
+    "KINDS",
+    "NO_PIPELINING",
+    "ONE_F_ONE_B",
+    "Event",
+    "OffloadPlan",
+    "Unit",
+    "build_plan",
+    "schedule_events",
+    "schedule_table",
+]
 
 
-class Unit(NamedTuple):
-    """One forward of ``microbatch`` through model chunk ``chunk`` (virtual stage)."""
+def schedule_events(kind: str, *layout: Any, **options: Any) -> list[Event]:
+    """The forward/backward order megatron-core runs on one pipeline rank, as a list.
 
-    chunk: int
-    microbatch: int
-
-
-class Event(NamedTuple):
-    """``kind`` is ``"F"`` (forward) or ``"B"`` (backward) of ``unit``."""
-
-    kind: str
-    unit: Unit
-
-
-def schedule_table(
-    num_microbatches: int, num_chunks: int, group_size: int
-) -> list[tuple[int, int]]:
-    """(microbatch, chunk) per virtual microbatch id, as megatron's ``get_schedule_table``."""
-    table: list[tuple[int, int]] = []
-    for start in range(0, num_microbatches, group_size):
-        end = num_microbatches if start + group_size >= num_microbatches else start + group_size
-        table.extend((mb, chunk) for chunk in range(num_chunks) for mb in range(start, end))
-    return table
-
-
-def schedule_events(
-    kind: str,
-    pp_size: int,
-    pp_rank: int,
-    num_microbatches: int,
-    num_chunks: int = 1,
-    group_size: int | None = None,
-) -> list[Event]:
-    """The forward/backward order megatron-core runs on pipeline rank ``pp_rank``.
-
-    ``kind`` is one of :data:`KINDS`. ``group_size`` is the interleaved schedule's
-    ``microbatch_group_size_per_vp_stage`` (default ``pp_size``, as megatron's config).
+    Same arguments as the core's :func:`~titan_plugins.schedule.pipeline_schedule`: ``kind``
+    (one of :data:`KINDS`), pipeline size and rank, microbatches, model chunks and the
+    interleaved schedule's ``group_size`` (default the pipeline size, as megatron's config).
+    Raises ValueError for a layout megatron refuses.
     """
-    if kind not in KINDS:
-        raise ValueError(f"unknown schedule kind {kind!r}; expected one of {KINDS}")
-    if num_microbatches < 1:
-        raise ValueError("num_microbatches must be >= 1")
-    if kind == NO_PIPELINING:
-        events: list[Event] = []
-        for mb in range(num_microbatches):
-            events += [Event("F", Unit(0, mb)), Event("B", Unit(0, mb))]
-        return events
-    if kind == ONE_F_ONE_B:
-        fwd = [Unit(0, mb) for mb in range(num_microbatches)]
-        bwd = list(fwd)
-        warmup = min(pp_size - pp_rank - 1, num_microbatches)
-    else:
-        group_size = group_size or pp_size
-        table = schedule_table(num_microbatches, num_chunks, group_size)
-        fwd = [Unit(chunk, mb) for mb, chunk in table]
-        # Backward k runs chunk (V-1-chunk_k) on that chunk's next microbatch (FIFO per chunk).
-        bwd = [Unit(num_chunks - 1 - chunk, mb) for mb, chunk in table]
-        warmup = (pp_size - pp_rank - 1) * 2 + (num_chunks - 1) * group_size
-        warmup = min(warmup, len(fwd))
-    events = [Event("F", u) for u in fwd[:warmup]]
-    for k in range(len(fwd) - warmup):
-        events += [Event("F", fwd[warmup + k]), Event("B", bwd[k])]
-    events += [Event("B", u) for u in bwd[len(fwd) - warmup :]]
-    return events
+    return list(pipeline_schedule(kind, *layout, **options).events)
+
+
+def _sizes(unit_bytes: Mapping[Unit, int] | Callable[[Unit], int]) -> Callable[[Unit], int]:
+    return unit_bytes if callable(unit_bytes) else (lambda u: unit_bytes.get(u, 0))
 
 
 @dataclass
@@ -104,7 +78,7 @@ class OffloadPlan:
 
     def units(self, chunk: int | None = None) -> list[Unit]:
         """The units in forward order (of one chunk, or all)."""
-        return [e.unit for e in self.events if e.kind == "F" and chunk in (None, e.unit.chunk)]
+        return [e.unit for e in self.events if e.kind == FORWARD and chunk in (None, e.unit.chunk)]
 
     def in_flight_peak(self, chunk: int | None = None, kept_only: bool = False) -> int:
         """Most units (of ``chunk``) alive at once; ``kept_only``: not offloaded ones only."""
@@ -116,32 +90,16 @@ class OffloadPlan:
         chunk: int | None = None,
         kept_only: bool = True,
     ) -> int:
-        """Peak of the summed ``unit_bytes`` of live units (kept ones with ``kept_only``).
+        """Peak of the summed ``unit_bytes`` of live units (kept ones with ``kept_only``)."""
 
-        Saved bytes only grow during forwards and only shrink during backwards, so the peak is
-        reached at the end of a forward event: that is what this replays.
-        """
-        size = unit_bytes if callable(unit_bytes) else (lambda u: unit_bytes.get(u, 0))
-        live, peak = 0, 0
-        for event in self.events:
-            unit = event.unit
-            if chunk is not None and unit.chunk != chunk:
-                continue
-            if kept_only and unit in self.offload:
-                continue
-            live += size(unit) if event.kind == "F" else -size(unit)
-            peak = max(peak, live)
-        return peak
+        def kept(unit: Unit) -> bool:
+            return chunk in (None, unit.chunk) and not (kept_only and unit in self.offload)
+
+        return int(live_peak(self.events, _sizes(unit_bytes), kept))
 
     def host_peak(self, unit_bytes: Mapping[Unit, int] | Callable[[Unit], int]) -> int:
         """Peak host bytes the offloaded units occupy (held from forward to backward)."""
-        size = unit_bytes if callable(unit_bytes) else (lambda u: unit_bytes.get(u, 0))
-        live, peak = 0, 0
-        for event in self.events:
-            if event.unit in self.offload:
-                live += size(event.unit) if event.kind == "F" else -size(event.unit)
-                peak = max(peak, live)
-        return peak
+        return int(live_peak(self.events, _sizes(unit_bytes), self.offload.__contains__))
 
 
 def build_plan(
@@ -158,15 +116,7 @@ def build_plan(
     """
     if min_gap < 0:
         raise ValueError("min_gap must be >= 0")
-    forward_index: dict[Unit, int] = {}
-    backward_index: dict[Unit, int] = {}
-    for index, event in enumerate(events):
-        table = forward_index if event.kind == "F" else backward_index
-        if event.unit in table:
-            raise ValueError(f"{event.kind}{tuple(event.unit)} appears twice in the schedule")
-        table[event.unit] = index
-    if set(forward_index) != set(backward_index):
-        raise ValueError("every unit needs exactly one forward and one backward event")
+    forward_index, backward_index = unit_positions(events)
     plan = OffloadPlan(events, frozenset(), {}, forward_index, backward_index)
     candidates = [u for u in forward_index if plan.gap(u) >= min_gap]
     candidates.sort(key=lambda u: (-plan.gap(u), forward_index[u]))

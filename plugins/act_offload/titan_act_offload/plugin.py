@@ -11,6 +11,9 @@ from typing import Any
 
 from titan_act_offload import config as _config
 from titan_act_offload import runtime as _runtime
+
+# the plan hook (titan_memory_effect) is registered with this module
+from titan_act_offload.memory_effect import titan_memory_effect as titan_memory_effect
 from titan_plugins import hookimpl
 
 

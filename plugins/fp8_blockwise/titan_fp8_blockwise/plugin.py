@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+# the plan hook (titan_memory_effect) is registered with this module
+from titan_fp8_blockwise.memory_effect import titan_memory_effect as titan_memory_effect
 from titan_plugins import hookimpl
 from titan_plugins.patching import Patch
 from titan_plugins.settings import Setting
