@@ -62,6 +62,7 @@ class Activation:
         self.engine: PatchEngine | None = None
         self.watcher: PatchWatcher | None = None
         self.trigger: ImportTrigger | None = None
+        self.late = False  # armed while megatron was already importing
         self.superseded: Activation | None = None  # an armed automatic channel apply() took over
         self.errors: list[str] = []  # plugins that failed to register
         self.problems: list[str] = []  # bad switch / knob values
@@ -168,11 +169,12 @@ class Activation:
 
         train_step.reset()
         self.state = ACTIVE
-        self.detail = (
-            "activated on first megatron import"
-            if self.trigger is not None
-            else f"activated via {self.channel}"
-        )
+        if self.trigger is None:
+            self.detail = f"activated via {self.channel}"
+        elif self.late:
+            self.detail = "activated (megatron already importing)"
+        else:
+            self.detail = "activated on first megatron import"
         self.seconds = time.perf_counter() - started
         logger.debug("activated via %s in %.1f ms", self.channel, self.seconds * 1e3)
         return self
@@ -335,6 +337,7 @@ def arm(channel: str) -> None:
         late = any(name.split(".", 1)[0] in TRIGGER_PREFIXES for name in list(sys.modules))
         _CURRENT.arm()
         if late and _CURRENT.state == ARMED:
+            _CURRENT.late = True
             _CURRENT.detail = "armed late: megatron was already importing; loads at its next module"
     except Exception as err:  # never let import torch fail because of us
         if _CURRENT is not None:
