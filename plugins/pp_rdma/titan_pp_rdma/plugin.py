@@ -14,9 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from titan_plugins import hookimpl
-from titan_plugins.patching import Patch
-
-MEGATRON = ("megatron-core>=0.16,<0.17",)
+from titan_plugins.patching import SUPPORTED_MEGATRON, Patch
 
 
 def _communicator_factory(original: Any) -> Any:
@@ -39,7 +37,7 @@ def titan_register_patches(register: Callable[[Patch], None]) -> None:
             id="pp_rdma.p2p_communicator",
             target="megatron.core.pipeline_parallel.schedules:P2PCommunicator",
             replace=_communicator_factory,
-            requires=MEGATRON,
+            requires=SUPPORTED_MEGATRON,
             rationale="route pipeline send/recv through Mooncake Transfer Engine (RDMA/TCP) with "
             "registered, reused buffers; pin send storage until completion; per-direction "
             "matching so PP=2+VPP cannot swap activations and gradients",
@@ -56,7 +54,7 @@ def titan_register_patches(register: Callable[[Patch], None]) -> None:
             id="pp_rdma.batched_p2p_order",
             target="megatron.core.pipeline_parallel.p2p_communication:_batched_p2p_ops",
             replace=_batched_ops_factory,
-            requires=MEGATRON,
+            requires=SUPPORTED_MEGATRON,
             rationale="upstream posts [send_prev, recv_prev, send_next, recv_next]; with PP=2 "
             "prev == next and FIFO matching swaps activations and gradients under VPP",
             upstream="megatron/core/pipeline_parallel/p2p_communication.py:16-51; "
