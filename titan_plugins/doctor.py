@@ -76,7 +76,7 @@ def check_megatron(found: origin.Origin | None = None) -> Check:
     Read from the code (``megatron.core.package_info`` of the package found on the import
     path), as the version gates do; megatron is not imported for it.
     """
-    found = origin.describe()
+    found = found or origin.describe()
     spec = gates.SUPPORTED_MEGATRON
     if found.kind == origin.ABSENT:
         return Check(
@@ -92,7 +92,7 @@ def check_megatron(found: origin.Origin | None = None) -> Check:
             f"{found.summary()}: no version in its package_info.py",
             "use a megatron-core release or a Megatron-LM release tag; patches will be skipped",
         )
-    verdict = gates.judge(spec)
+    verdict = gates.judge_version(spec, found.version)
     if verdict.reason:
         return Check(
             "megatron-core",
@@ -105,8 +105,7 @@ def check_megatron(found: origin.Origin | None = None) -> Check:
             "megatron-core",
             WARN,
             f"{found.summary(shadows=False)}: a pre-release of the supported {spec}; a patch "
-            "applies only "
-            "where its signature checks pass",
+            "applies only where its signature checks pass",
             "see `titan-plugins list --import-targets` for what was skipped, or use a release",
         )
     return Check("megatron-core", OK, f"{found.summary(shadows=False)} (supported {spec})")

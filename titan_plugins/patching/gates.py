@@ -126,9 +126,20 @@ def judge(requirement: str) -> Verdict:
     match = _SPEC.match(requirement)
     if not match:
         return Verdict(f"malformed version gate {requirement!r}")
+    version, source = resolve_version(match.group(1))
+    return judge_version(requirement, version, "" if source == "metadata" else source)
+
+
+def judge_version(requirement: str, version: str | None, where: str = "") -> Verdict:
+    """Judge ``requirement`` against a given ``version`` (None: not installed).
+
+    :param where: where the version was read, shown in the reason.
+    """
+    match = _SPEC.match(requirement)
+    if not match:
+        return Verdict(f"malformed version gate {requirement!r}")
     name, spec = match.group(1), match.group(2).strip()
-    version, source = resolve_version(name)
-    where = "" if source == "metadata" else f" ({source})"
+    where = f" ({where})" if where else ""
     if version is None:
         return Verdict(f"{name} is not installed (gate {requirement})")
     for clause in filter(None, (c.strip() for c in spec.split(","))):

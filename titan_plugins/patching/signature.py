@@ -38,7 +38,9 @@ class Signature:
         ``lacks`` read (``"function"``, ``"Class.method"``, :data:`MODULE` for the whole module);
         empty: the patch's own target.
     :param params: parameter names the function at ``of`` must accept, in this relative order
-        (other parameters may sit between them). ``self`` counts for methods.
+        (other parameters may sit between them): for replacements that pass keywords.
+    :param positional: the function's first parameters, exactly these names at exactly these
+        positions: for replacements that read ``args[i]``. ``self`` counts for methods.
     :param attrs: attribute paths that must exist in the target module (``"Class.attr"``).
     :param contains: source fragments the source of ``of`` must contain (whitespace-insensitive;
         a non-function ``of`` is checked in the module's source).
@@ -48,20 +50,23 @@ class Signature:
 
     of: str = ""
     params: tuple[str, ...] = ()
+    positional: tuple[str, ...] = ()
     attrs: tuple[str, ...] = ()
     contains: tuple[str, ...] = ()
     lacks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("params", "attrs", "contains", "lacks"):
+        for name in ("params", "positional", "attrs", "contains", "lacks"):
             object.__setattr__(self, name, _tuple(getattr(self, name)))
 
     def describe(self, target_attr: str = "") -> str:
         """One line for reports: what this signature expects."""
         where = self.of or target_attr or "target"
         parts = []
+        if self.positional:
+            parts.append(f"{where}({', '.join(self.positional)}, ...)")
         if self.params:
-            parts.append(f"{where}({', '.join(self.params)})")
+            parts.append(f"{where}(... {', '.join(self.params)} ...)")
         parts += [f"has {a}" for a in self.attrs]
         parts += [f"{where} contains {c!r}" for c in self.contains]
         parts += [f"{where} lacks {c!r}" for c in self.lacks]
@@ -78,12 +83,12 @@ class Signature:
         where = self.of or target_attr
         obj = module if where == MODULE else lookup(module, where)
         if obj is _ABSENT:
-            if self.params or self.contains or self.lacks or not self.attrs:
+            if self.params or self.positional or self.contains or self.lacks or not self.attrs:
                 return f"{module.__name__} has no {where}"
             return None
         name = module.__name__ if where == MODULE else f"{module.__name__}.{where}"
-        if self.params:
-            reason = _params_mismatch(obj, self.params, name)
+        if self.params or self.positional:
+            reason = _params_mismatch(obj, self.params, self.positional, name)
             if reason:
                 return reason
         if self.contains or self.lacks:
@@ -134,7 +139,9 @@ def _function(obj: Any) -> Any:
     return obj
 
 
-def _params_mismatch(obj: Any, expected: tuple[str, ...], name: str) -> str | None:
+def _params_mismatch(
+    obj: Any, expected: tuple[str, ...], positional: tuple[str, ...], name: str
+) -> str | None:
     function = _function(obj)
     if not callable(function):
         return f"{name} is not callable"
@@ -142,6 +149,8 @@ def _params_mismatch(obj: Any, expected: tuple[str, ...], name: str) -> str | No
         have = list(inspect.signature(function).parameters)  # follows __wrapped__
     except (TypeError, ValueError):
         return f"{name} has no readable signature"
+    if tuple(have[: len(positional)]) != positional:
+        return f"{name}({', '.join(have)}) does not start with ({', '.join(positional)})"
     missing = [p for p in expected if p not in have]
     if missing:
         return f"{name}({', '.join(have)}) has no parameter {', '.join(map(repr, missing))}"

@@ -127,7 +127,7 @@ def block_factory(runtime: Runtime, name: str) -> Callable[[Any], Any]:
 
 def patches(runtime: Runtime) -> list[Any]:
     """The Patch records for the configured blocks and the schedule entry points."""
-    from titan_plugins.patching import SUPPORTED_MEGATRON, Patch
+    from titan_plugins.patching import SUPPORTED_MEGATRON, Patch, Signature
 
     records = []
     for function, kind in KIND_BY_FUNCTION.items():
@@ -137,15 +137,28 @@ def patches(runtime: Runtime) -> list[Any]:
                 target=f"{SCHEDULES}:{function}",
                 replace=schedule_factory(runtime, kind),
                 requires=SUPPORTED_MEGATRON,
+                signature=Signature(params=("model", "num_microbatches", "forward_only")),
                 rationale="learn the pipeline schedule (kind, stage, chunks, microbatches) of "
                 "each step to plan which microbatches to offload and when to prefetch",
                 upstream="schedules.py get_forward_backward_func looks these up at call time",
                 remove_when=REMOVE_WHEN,
             )
         )
-    for attr, factory in (
-        ("forward_step", forward_step_factory(runtime)),
-        ("backward_step", backward_step_factory(runtime)),
+    for attr, factory, signature in (  # the wrappers read args[i]: positions must hold
+        (
+            "forward_step",
+            forward_step_factory(runtime),
+            Signature(
+                positional=("forward_step_func", "data_iterator", "model", "num_microbatches")
+                + ("input_tensor",),
+                params=("vp_stage",),
+            ),
+        ),
+        (
+            "backward_step",
+            backward_step_factory(runtime),
+            Signature(positional=("input_tensor", "output_tensor")),
+        ),
     ):
         records.append(
             Patch(
@@ -153,6 +166,7 @@ def patches(runtime: Runtime) -> list[Any]:
                 target=f"{SCHEDULES}:{attr}",
                 replace=factory,
                 requires=SUPPORTED_MEGATRON,
+                signature=signature,
                 rationale=f"map each {attr} call of a schedule to its (chunk, microbatch) unit",
                 upstream="schedules.py forward_step / backward_step (module globals)",
                 remove_when=REMOVE_WHEN,
@@ -167,6 +181,7 @@ def patches(runtime: Runtime) -> list[Any]:
                     target=target,
                     replace=block_factory(runtime, name),
                     requires=SUPPORTED_MEGATRON,
+                    signature=Signature(positional=("self",)),  # passes everything through
                     rationale=f"offload the tensors autograd saves inside {cls_attr} ({name})",
                     upstream=target.replace(":", " "),
                     remove_when=REMOVE_WHEN,

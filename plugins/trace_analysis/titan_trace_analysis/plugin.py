@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from titan_plugins import hookimpl
-from titan_plugins.patching import SUPPORTED_MEGATRON, Patch
+from titan_plugins.patching import SUPPORTED_MEGATRON, Patch, Signature
 from titan_plugins.settings import Setting
 
 from . import capture
@@ -33,6 +33,7 @@ def titan_register_patches(register: Callable[[Patch], None]) -> None:
                 target=f"{SCHEDULES}:{fn}",
                 replace=capture.wrap_schedule,
                 requires=SUPPORTED_MEGATRON,
+                signature=Signature(params=("forward_step_func", "forward_only")),
                 rationale="one schedule call = one training iteration: start/stop the profiler "
                 "on the iterations named by TITAN_TRACE_STEPS and label them ProfilerStep#N",
                 upstream="megatron/core/pipeline_parallel/schedules.py: get_forward_backward_func "
