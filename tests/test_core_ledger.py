@@ -34,3 +34,24 @@ def test_plugin_patches_are_documented_and_gated(ep):
         for gate in patch.requires:
             reason = gates.check(gate)
             assert reason is None or "outside" in reason or "not installed" in reason, reason
+
+
+@pytest.mark.parametrize("ep", EPS, ids=[ep.name for ep in EPS])
+def test_plugin_patches_gate_on_the_one_supported_megatron_and_match_it(ep):
+    """Every plugin gates on ``SUPPORTED_MEGATRON`` and declares a signature that holds on the
+    installed megatron-core of that line (else a supported Megatron, or a pre-release of it,
+    would skip the patch)."""
+    import importlib
+
+    from titan_plugins.patching import signature
+
+    plugin = ep.load()
+    records: list[Patch] = []
+    register = getattr(plugin, "titan_register_patches", None)
+    if register is not None:
+        register(register=records.append)
+    for patch in records:
+        assert patch.requires == (gates.SUPPORTED_MEGATRON,), patch.id
+        assert patch.signature, f"{patch.id}: declare what it relies on (Signature)"
+        module = importlib.import_module(patch.module)
+        assert signature.check_all(patch.signature, module, patch.attr_path) is None, patch.id

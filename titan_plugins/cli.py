@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -11,7 +10,7 @@ from typing import Any
 
 from titan_plugins import activation, report, settings
 from titan_plugins.doctor import FAIL, OK, WARN, Check, core_checks
-from titan_plugins.patching.record import FAILED, PENDING, SKIPPED
+from titan_plugins.patching import FAILED, SKIPPED
 
 
 def _activate(import_targets: bool) -> activation.Activation:
@@ -25,16 +24,7 @@ def _activate(import_targets: bool) -> activation.Activation:
             state.state, state.detail = activation.FAILED, f"{type(err).__name__}: {err}"
             return state
         if import_targets and state.engine is not None:
-            for name in sorted(state.engine.pending_modules()):
-                try:
-                    importlib.import_module(name)
-                except Exception as err:  # report, never crash the CLI
-                    for patch in state.engine.patches():
-                        if patch.module == name and patch.status == PENDING:
-                            patch.set_status(
-                                SKIPPED if patch.optional else FAILED,
-                                f"import {name} failed: {type(err).__name__}: {err}",
-                            )
+            state.engine.import_pending()
     return state
 
 
@@ -67,6 +57,7 @@ def _print_list(data: dict[str, Any], out: Any) -> None:
         f"  channel: {data['channel']}  autoload here: {data['autoload']['state']}",
         file=out,
     )
+    print(f"  megatron: {data['megatron']['summary']}", file=out)
     if not data["active"]:
         print(f"  inactive: {data['inactive_reason']}", file=out)
     if not data["plugins"]:

@@ -7,10 +7,9 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from typing import Any
 
-from titan_plugins.patching import gates
+from titan_plugins.patching import gates, origin
 
 OK, WARN, FAIL = "ok", "warn", "fail"
-SUPPORTED_MEGATRON = ">=0.16,<0.17"
 
 
 @dataclass(frozen=True)
@@ -71,25 +70,60 @@ def check_autoload(state: dict[str, Any]) -> Check:
     return Check("autoload", OK, f"on; in this process: {state.get('state')}")
 
 
-def check_megatron() -> Check:
-    """megatron-core inside the range the plugins were tested against."""
-    version = gates.installed_version("megatron-core")
-    if version is None:
+def check_megatron(found: origin.Origin | None = None) -> Check:
+    """The megatron.core this process imports: where from, and is its version supported?
+
+    Read from the code (``megatron.core.package_info`` of the package found on the import
+    path), as the version gates do; megatron is not imported for it.
+    """
+    found = found or origin.describe()
+    spec = gates.SUPPORTED_MEGATRON
+    if found.kind == origin.ABSENT:
         return Check(
             "megatron-core",
             WARN,
-            "megatron-core distribution not found (a Megatron-LM checkout on PYTHONPATH has no metadata)",
-            "pip install megatron-core matching your checkout, so version gates can be checked",
+            "megatron.core is not importable here",
+            "pip install megatron-core, or put a Megatron-LM checkout on PYTHONPATH",
         )
-    reason = gates.check(f"megatron-core{SUPPORTED_MEGATRON}")
-    if reason:
+    if found.version is None:
         return Check(
             "megatron-core",
             WARN,
-            reason,
-            f"use megatron-core{SUPPORTED_MEGATRON}, or expect patches to be skipped",
+            f"{found.summary()}: no version in its package_info.py",
+            "use a megatron-core release or a Megatron-LM release tag; patches will be skipped",
         )
-    return Check("megatron-core", OK, f"megatron-core {version} (supported {SUPPORTED_MEGATRON})")
+    verdict = gates.judge_version(spec, found.version)
+    if verdict.reason:
+        return Check(
+            "megatron-core",
+            WARN,
+            f"{found.summary(shadows=False)}: outside the supported {spec}",
+            f"use {spec}, or expect patches to be skipped",
+        )
+    if verdict.provisional:
+        return Check(
+            "megatron-core",
+            WARN,
+            f"{found.summary(shadows=False)}: a pre-release of the supported {spec}; a patch "
+            "applies only where its signature checks pass",
+            "see `titan-plugins list --import-targets` for what was skipped, or use a release",
+        )
+    return Check("megatron-core", OK, f"{found.summary(shadows=False)} (supported {spec})")
+
+
+def check_megatron_shadowing(found: origin.Origin | None = None) -> Check | None:
+    """An installed megatron-core that is not the code being imported (a checkout on
+    ``PYTHONPATH`` in front of a wheel): tools that read metadata see the wrong version."""
+    found = found or origin.describe()
+    if not found.shadowed:
+        return None
+    return Check(
+        "megatron-shadowed",
+        WARN,
+        f"imported {found.summary()}",
+        "uninstall the shadowed distribution (pip uninstall megatron-core) or drop the "
+        "checkout from PYTHONPATH, so one Megatron is installed",
+    )
 
 
 def check_platform() -> Check:
@@ -109,4 +143,7 @@ def check_platform() -> Check:
 
 def core_checks(autoload_state: dict[str, Any]) -> list[Check]:
     """All core checks, in display order."""
-    return [check_torch(), check_autoload(autoload_state), check_megatron(), check_platform()]
+    found = origin.describe()
+    checks = [check_torch(), check_autoload(autoload_state), check_megatron(found)]
+    shadowing = check_megatron_shadowing(found)
+    return [*checks, *([shadowing] if shadowing else []), check_platform()]

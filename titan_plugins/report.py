@@ -6,15 +6,17 @@ from typing import Any
 
 from titan_plugins import activation
 from titan_plugins.manager import BUILTIN, ENABLED
-from titan_plugins.patching.record import FAILED, SKIPPED
+from titan_plugins.patching import FAILED, SKIPPED, origin
 from titan_plugins.version import __version__
 
 
 def collect(state: activation.Activation | None = None) -> dict[str, Any]:
-    """Snapshot of installed plugins, their state, hooks, patches and own reports."""
+    """Snapshot of installed plugins, their state, hooks, patches and own reports, and where
+    Megatron comes from (read from its files; megatron is not imported for it)."""
     state = state or activation.current()
     out: dict[str, Any] = {
         "core_version": __version__,
+        "megatron": megatron_origin(),
         "autoload": activation.autoload_state(),
         "active": bool(state and state.is_active),
         "channel": state.channel if state else None,
@@ -48,6 +50,16 @@ def _mark_inactive(entry: dict[str, Any]) -> None:
     if all(p["status"] in (SKIPPED, FAILED) for p in patches):
         entry["state"] = "inactive"
         entry["reason"] = f"no patch applies: {patches[0]['detail']}"
+
+
+def megatron_origin() -> dict[str, Any]:
+    """Path, version (``megatron.core.package_info``), kind and shadowed copies of the
+    ``megatron.core`` this process imports (or would import), plus a one-line summary."""
+    try:
+        found = origin.describe()
+    except Exception as err:  # a report must never fail because of an odd environment
+        return {"summary": f"megatron.core: origin unknown ({type(err).__name__}: {err})"}
+    return {**found.as_dict(), "summary": found.summary()}
 
 
 def _own_dict(plugin: Any, hook: str) -> dict[str, Any]:

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 from titan_plugins._log import logger
-from titan_plugins.patching import gates, targets
-from titan_plugins.patching.record import APPLIED, FAILED, MISSING, PENDING, SKIPPED, Patch
+from titan_plugins.patching import gates, signature, targets
+from titan_plugins.patching.record import MISSING, Patch
+from titan_plugins.patching.status import APPLIED, FAILED, PENDING, SKIPPED
 from titan_plugins.settings import strict
 
 ALIAS_PREFIXES = ("megatron.",)
 
 
 class PatchError(RuntimeError):
-    """A patch failed or its version gate did not hold, under TITAN_PLUGINS_STRICT=1."""
+    """A patch failed, or its version gate or signature did not hold, under
+    TITAN_PLUGINS_STRICT=1."""
 
 
 @dataclass
@@ -24,8 +28,9 @@ class _Target:
     """All patches of one ``module:attr`` and what the engine did to it."""
 
     key: str
+    module_name: str  # the module whose execution triggers these patches (``Patch.module``)
     patches: list[Patch] = field(default_factory=list)
-    module: ModuleType | None = None
+    patched_module: ModuleType | None = None  # the module object the chain was applied in
     owner: Any = None
     attr: str = ""
     baseline: Any = MISSING
@@ -34,7 +39,7 @@ class _Target:
 
     @property
     def is_applied(self) -> bool:
-        return self.module is not None
+        return self.patched_module is not None
 
 
 class PatchEngine:
@@ -52,22 +57,18 @@ class PatchEngine:
     def register(self, patch: Patch, plugin: str = "") -> None:
         """Add a record; apply it at once if its module is already imported.
 
+        Version gates and signatures are judged when the module has executed (here, if it
+        already has), against the imported code.
+
         :raises ValueError: a duplicate patch id.
         """
         if patch.id in self._ids:
             raise ValueError(f"duplicate patch id {patch.id!r}")
         patch.plugin = plugin or patch.plugin
         self._ids[patch.id] = patch
-        reason = gates.check_all(patch.requires)
-        if reason:
-            patch.set_status(SKIPPED, f"version gate: {reason}")
-            logger.warning("patch %s skipped: %s", patch.id, reason)
-            if strict():
-                raise PatchError(f"patch {patch.id}: {reason} (TITAN_PLUGINS_STRICT=1)")
-            return
         target = self._targets.get(patch.target)
         if target is None:
-            target = self._targets[patch.target] = _Target(patch.target)
+            target = self._targets[patch.target] = _Target(patch.target, patch.module)
             self._order.append(patch.target)
         if target.is_applied:
             self._unapply(target)  # re-apply the whole chain with the newcomer at its end
@@ -84,10 +85,10 @@ class PatchEngine:
             if target.is_applied:
                 self._unapply(target)
             target.patches = [p for p in target.patches if p.plugin != plugin]
-            self.apply_module_if_ready(key.split(":", 1)[0])
+            self.apply_module_if_ready(target.module_name)
         for pid in [pid for pid, p in self._ids.items() if p.plugin == plugin]:
             del self._ids[pid]
-        self._watched = {t.key.split(":", 1)[0] for t in self._targets.values() if t.patches}
+        self._watched = {t.module_name for t in self._targets.values() if t.patches}
 
     # ---------------------------------------------------------------- queries
     def patches(self) -> list[Patch]:
@@ -97,7 +98,7 @@ class PatchEngine:
     def pending_modules(self) -> set[str]:
         """Modules with patches still waiting for the module to execute."""
         return {
-            t.key.split(":", 1)[0]
+            t.module_name
             for t in self._targets.values()
             if any(p.status == PENDING for p in t.patches)
         }
@@ -105,6 +106,18 @@ class PatchEngine:
     def watched_modules(self) -> set[str]:
         """Modules whose (re-)execution must be followed by patching."""
         return self._watched
+
+    def import_pending(self, importer: Callable[[str], object] = importlib.import_module) -> None:
+        """Import every module with pending patches (``titan-plugins list --import-targets``);
+        a module that cannot be imported leaves its patches skipped (optional) or failed."""
+        for name in sorted(self.pending_modules()):
+            try:
+                importer(name)
+            except Exception as err:  # report, never crash the caller
+                reason = f"import {name} failed: {type(err).__name__}: {err}"
+                for patch in self._ids.values():
+                    if patch.module == name and patch.status == PENDING:
+                        patch.set_status(SKIPPED if patch.optional else FAILED, reason)
 
     # ---------------------------------------------------------------- application
     def apply_module_if_ready(self, name: str) -> None:
@@ -134,21 +147,26 @@ class PatchEngine:
         """
         for key in self._order:
             target = self._targets[key]
-            if key.split(":", 1)[0] != module.__name__:
+            if target.module_name != module.__name__:
                 continue
-            if fresh:
-                target.module, target.aliases = None, []
+            if fresh:  # new code: judge every patch again (a reload may bring other code)
+                target.patched_module, target.aliases = None, []
+                for patch in target.patches:
+                    if patch.status == SKIPPED:
+                        patch.set_status(PENDING)
             self._apply_target(target, module, fresh)
 
     def _apply_target(self, target: _Target, module: ModuleType, fresh: bool) -> None:
-        active = [p for p in target.patches if p.status != SKIPPED]
-        if not active:
-            return
         if target.is_applied:
+            active = [p for p in target.patches if p.status != SKIPPED]
             current, _ = targets.read_raw(target.owner, target.attr)
-            if target.module is module and current is target.applied:
+            if target.patched_module is module and current is target.applied:
                 return  # idempotent: already ours
-            self._fail(active, "target changed outside the engine since it was patched")
+            if active:
+                self._fail(active, "target changed outside the engine since it was patched")
+            return
+        active = self._judge([p for p in target.patches if p.status != SKIPPED], module)
+        if not active:
             return
         try:
             owner, attr = targets.resolve_owner(module, active[0].attr_path)
@@ -172,7 +190,7 @@ class PatchEngine:
         except Exception as err:
             self._fail(active, f"could not set {target.key}: {err}")
             return
-        target.module, target.owner, target.attr = module, owner, attr
+        target.patched_module, target.owner, target.attr = module, owner, attr
         target.baseline, target.applied = baseline, value
         if not fresh and active[0].rebind_aliases and baseline is not MISSING and owner is module:
             target.aliases = targets.find_aliases(baseline, ALIAS_PREFIXES, skip=module)
@@ -183,6 +201,23 @@ class PatchEngine:
                 APPLIED, "late (module imported before activation)" if not fresh else ""
             )
             logger.debug("applied %s -> %s", patch.id, target.key)
+
+    def _judge(self, patches: list[Patch], module: ModuleType) -> list[Patch]:
+        """Skip the patches whose gates or signatures do not hold; return the others.
+
+        Runs before any factory, so a target that does not match is never half-patched.
+        """
+        kept: list[Patch] = []
+        for patch in patches:
+            reason = skip_reason(patch, module)
+            if reason is None:
+                kept.append(patch)
+                continue
+            patch.set_status(SKIPPED, reason)
+            logger.warning("patch %s skipped: %s", patch.id, reason)
+            if strict():
+                raise PatchError(f"patch {patch.id}: {reason} (TITAN_PLUGINS_STRICT=1)")
+        return kept
 
     def _missing(self, patches: list[Patch], reason: str) -> None:
         for patch in patches:
@@ -232,6 +267,24 @@ class PatchEngine:
                 patch.set_status(
                     PENDING, "undone" if ours else "not restored: rebound by someone else"
                 )
-        target.module, target.owner, target.aliases = None, None, []
+        target.patched_module, target.owner, target.aliases = None, None, []
         target.applied = MISSING
         return ours
+
+
+def skip_reason(patch: Patch, module: ModuleType) -> str | None:
+    """Why ``patch`` must not be applied to the executed ``module``, or None.
+
+    Gates read the version of the imported code; a pre-release of the supported line passes
+    only through the patch's signature checks (a patch without a signature is skipped then).
+    """
+    verdict = gates.judge_all(patch.requires)
+    if verdict.reason:
+        return f"version gate: {verdict.reason}"
+    if patch.signature:
+        mismatch = signature.check_all(patch.signature, module, patch.attr_path)
+        if mismatch:
+            return f"signature: {mismatch}"
+    elif verdict.provisional:
+        return f"version gate: {verdict.provisional}; the patch declares no signature to check"
+    return None

@@ -6,6 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from titan_plugins.patching.signature import Signature
+from titan_plugins.patching.status import APPLIED, FAILED, PENDING, SKIPPED
+
+__all__ = ["APPLIED", "FAILED", "MISSING", "PENDING", "SKIPPED", "Patch", "Signature"]
+
 
 class _Missing:
     """Sentinel handed to a ``create=True`` factory when the attribute does not exist yet."""
@@ -26,8 +31,6 @@ class _Missing:
 
 MISSING: Any = _Missing()
 
-PENDING, APPLIED, SKIPPED, FAILED = "pending", "applied", "skipped", "failed"
-
 
 @dataclass
 class Patch:
@@ -38,8 +41,13 @@ class Patch:
         *used* (many megatron modules copy names with ``from x import f``).
     :param replace: factory ``replace(original) -> replacement``, called once per application with
         the current value (``MISSING`` for an absent attribute when ``create=True``).
-    :param requires: version gates against installed distributions, e.g.
-        ``("megatron-core>=0.16,<0.17",)``; read from metadata, never by importing.
+    :param requires: version gates, e.g. ``SUPPORTED_MEGATRON`` (``"megatron-core>=0.16,<0.17"``);
+        judged when the target module has executed, against the version of the imported code
+        (``megatron.core.package_info``), never by importing (see :mod:`.gates`).
+    :param signature: what the replacement relies on in the target (:class:`.Signature`, or
+        several); checked against the imported module before any factory runs. A mismatch
+        skips the patch with what differed. A pre-release of the supported line passes the
+        version gate only if the patch declares a signature and every check passes.
     :param rationale: why the patch exists. Required.
     :param remove_when: when the patch can be deleted. Required.
     :param upstream: the upstream code or issue it works around.
@@ -55,6 +63,7 @@ class Patch:
     rationale: str
     remove_when: str
     requires: tuple[str, ...] = ()
+    signature: Signature | tuple[Signature, ...] = ()
     upstream: str = ""
     optional: bool = False
     create: bool = False
@@ -70,6 +79,9 @@ class Patch:
             raise ValueError(f"patch {self.id}: rationale and remove_when are required")
         if isinstance(self.requires, str):
             self.requires = (self.requires,)
+        if isinstance(self.signature, Signature):
+            self.signature = (self.signature,)
+        self.signature = tuple(self.signature)
 
     @property
     def module(self) -> str:
@@ -94,6 +106,7 @@ class Patch:
             "status": self.status,
             "detail": self.detail,
             "requires": list(self.requires),
+            "signature": [s.describe(self.attr_path) for s in self.signature],
             "rationale": self.rationale,
             "upstream": self.upstream,
             "remove_when": self.remove_when,

@@ -18,14 +18,18 @@ from pathlib import Path
 EXCLUDED_PREFIXES = ("titan", "_titan", "__editable__", "__pycache__")
 
 
-def _is_excluded(name: str) -> bool:
+def _is_excluded(name: str, extra: Sequence[str] = ()) -> bool:
     lowered = name.lower()
-    return lowered.startswith(EXCLUDED_PREFIXES) or lowered.endswith(".pth")
+    return lowered.startswith((*EXCLUDED_PREFIXES, *extra)) or lowered.endswith(".pth")
 
 
-def make_venv(path: Path, base_site: str | None = None) -> Path:
+def make_venv(path: Path, base_site: str | None = None, exclude: Sequence[str] = ()) -> Path:
     """Create a venv at ``path`` that sees the current environment's third-party packages
-    but no Titan distribution; return its python executable."""
+    but no Titan distribution; return its python executable.
+
+    :param exclude: more name prefixes (lower case) to leave out of the linked packages, e.g.
+        ``("megatron",)`` for a venv with no megatron-core distribution.
+    """
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
     python = path / "bin" / "python"
     site = Path(
@@ -40,7 +44,7 @@ def make_venv(path: Path, base_site: str | None = None) -> Path:
     linked = path / "base-site"
     linked.mkdir()
     for entry in source.iterdir():
-        if not _is_excluded(entry.name):
+        if not _is_excluded(entry.name, exclude):
             (linked / entry.name).symlink_to(entry)
     # A path line (not a site dir): .pth files inside base-site are deliberately not run.
     (site / "zz_titan_test_base.pth").write_text(f"{linked}\n")

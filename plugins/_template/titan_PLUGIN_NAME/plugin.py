@@ -7,10 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 from titan_plugins import hookimpl
-from titan_plugins.patching import Patch
+from titan_plugins.patching import SUPPORTED_MEGATRON, Patch
 from titan_plugins.settings import Setting
-
-MEGATRON_RANGE = ("megatron-core>=0.16,<0.17",)
 
 
 def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -31,7 +29,7 @@ def titan_register_patches(register: Callable[[Patch], None]) -> None:
             id="PLUGIN_NAME.example",
             target="megatron.core.parallel_state:initialize_model_parallel",
             replace=_wrap,
-            requires=MEGATRON_RANGE,
+            requires=SUPPORTED_MEGATRON,
             rationale="why this patch exists",
             upstream="the upstream code it changes",
             remove_when="when upstream makes it unnecessary",

@@ -13,7 +13,6 @@ from typing import Any
 
 from titan_act_offload.runtime import KIND_BY_FUNCTION, Runtime
 
-REQUIRES = ("megatron-core>=0.16,<0.17",)
 SCHEDULES = "megatron.core.pipeline_parallel.schedules"
 REMOVE_WHEN = (
     "megatron-core exposes a schedule callback with (chunk, microbatch) per forward/backward "
@@ -128,7 +127,7 @@ def block_factory(runtime: Runtime, name: str) -> Callable[[Any], Any]:
 
 def patches(runtime: Runtime) -> list[Any]:
     """The Patch records for the configured blocks and the schedule entry points."""
-    from titan_plugins.patching import Patch
+    from titan_plugins.patching import SUPPORTED_MEGATRON, Patch, Signature
 
     records = []
     for function, kind in KIND_BY_FUNCTION.items():
@@ -137,23 +136,37 @@ def patches(runtime: Runtime) -> list[Any]:
                 id=f"act_offload.schedule.{kind}",
                 target=f"{SCHEDULES}:{function}",
                 replace=schedule_factory(runtime, kind),
-                requires=REQUIRES,
+                requires=SUPPORTED_MEGATRON,
+                signature=Signature(params=("model", "num_microbatches", "forward_only")),
                 rationale="learn the pipeline schedule (kind, stage, chunks, microbatches) of "
                 "each step to plan which microbatches to offload and when to prefetch",
                 upstream="schedules.py get_forward_backward_func looks these up at call time",
                 remove_when=REMOVE_WHEN,
             )
         )
-    for attr, factory in (
-        ("forward_step", forward_step_factory(runtime)),
-        ("backward_step", backward_step_factory(runtime)),
+    for attr, factory, signature in (  # the wrappers read args[i]: positions must hold
+        (
+            "forward_step",
+            forward_step_factory(runtime),
+            Signature(
+                positional=("forward_step_func", "data_iterator", "model", "num_microbatches")
+                + ("input_tensor",),
+                params=("vp_stage",),
+            ),
+        ),
+        (
+            "backward_step",
+            backward_step_factory(runtime),
+            Signature(positional=("input_tensor", "output_tensor")),
+        ),
     ):
         records.append(
             Patch(
                 id=f"act_offload.{attr}",
                 target=f"{SCHEDULES}:{attr}",
                 replace=factory,
-                requires=REQUIRES,
+                requires=SUPPORTED_MEGATRON,
+                signature=signature,
                 rationale=f"map each {attr} call of a schedule to its (chunk, microbatch) unit",
                 upstream="schedules.py forward_step / backward_step (module globals)",
                 remove_when=REMOVE_WHEN,
@@ -167,7 +180,8 @@ def patches(runtime: Runtime) -> list[Any]:
                     id=f"act_offload.block.{name}.{cls_attr}",
                     target=target,
                     replace=block_factory(runtime, name),
-                    requires=REQUIRES,
+                    requires=SUPPORTED_MEGATRON,
+                    signature=Signature(positional=("self",)),  # passes everything through
                     rationale=f"offload the tensors autograd saves inside {cls_attr} ({name})",
                     upstream=target.replace(":", " "),
                     remove_when=REMOVE_WHEN,

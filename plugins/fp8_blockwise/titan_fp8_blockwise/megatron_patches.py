@@ -13,11 +13,17 @@ from typing import Any
 from titan_fp8_blockwise import backend, knobs, region, weight_cache
 from titan_fp8_blockwise.linear import fp8_linear
 from titan_fp8_blockwise.swiglu_store import stored_swiglu
-from titan_plugins.patching import MISSING, Patch
+from titan_plugins.patching import MISSING, MODULE, SUPPORTED_MEGATRON, Patch, Signature
 
-MCORE = ("megatron-core>=0.16,<0.17",)
 LAYERS = "megatron.core.tensor_parallel.layers"
 SCHEDULES = "megatron.core.pipeline_parallel.schedules"
+# What the wrapped megatron code must look like (checked on the imported code; a mismatch skips).
+LINEAR_KWARGS = Signature(  # _forward_impl's replacement calls fp8_linear with these keywords
+    of="linear_with_grad_accumulation_and_async_allreduce",
+    params=("input", "weight", "bias", "gradient_accumulation_fusion", "allreduce_dgrad")
+    + ("sequence_parallel", "grad_output_buffer", "tp_group"),
+)
+ONE_CALL_ONE_STEP = Signature(params=("forward_step_func", "data_iterator", "model"))
 SCHEDULE_FUNCS = (
     "forward_backward_no_pipelining",
     "forward_backward_pipelining_without_interleaving",
@@ -202,7 +208,8 @@ def patches() -> list[Patch]:
             id="fp8_blockwise.force_config",
             target="megatron.core.transformer.transformer_config:TransformerConfig.__post_init__",
             replace=_wrap_config_post_init,
-            requires=MCORE,
+            requires=SUPPORTED_MEGATRON,
+            signature=Signature(attrs=("TransformerConfig.fp8", "TransformerConfig.fp8_recipe")),
             rationale="TITAN_FP8_BLOCKWISE_FORCE=1 acts as --fp8-format e4m3 --fp8-recipe "
             "blockwise for hosts that cannot pass megatron flags (slime / miles drivers).",
             upstream="megatron/core/transformer/transformer_config.py TransformerConfig",
@@ -212,7 +219,8 @@ def patches() -> list[Patch]:
             id="fp8_blockwise.get_fp8_context",
             target="megatron.core.fp8_utils:get_fp8_context",
             replace=_wrap_get_fp8_context,
-            requires=MCORE,
+            requires=SUPPORTED_MEGATRON,
+            signature=Signature(positional=("config", "layer_no", "is_init")),
             rationale="Opens the plugin's FP8 region around each transformer layer megatron "
             "wants in FP8 (TE's fp8_autocast equivalent); without TE megatron returns "
             "nullcontext(). Copies in transformer_block, combined_1f1b, "
@@ -224,7 +232,8 @@ def patches() -> list[Patch]:
             id="fp8_blockwise.router_gating",
             target="megatron.core.transformer.moe.router:router_gating_linear",
             replace=_wrap_router_gating,
-            requires=MCORE,
+            requires=SUPPORTED_MEGATRON,
+            signature=Signature(positional=("inp", "weight", "bias", "router_dtype")),
             rationale="Runs the MoE router GEMM in FP8 when 'router' is dropped from "
             "TITAN_FP8_BLOCKWISE_HIGH_PRECISION (DeepSeek-V3 keeps it high precision).",
             upstream="megatron/core/transformer/moe/router.py:100",
@@ -236,7 +245,8 @@ def patches() -> list[Patch]:
             replace=_te_general_gemm,
             create=True,
             rebind_aliases=False,
-            requires=MCORE,
+            requires=SUPPORTED_MEGATRON,
+            signature=Signature(of=MODULE, contains=("if te_general_gemm is not None",)),
             rationale="0.16.1 binds te_general_gemm only when TE imports, but every router "
             "forward reads it: NameError without TE. None selects megatron's torch path.",
             upstream="megatron/core/transformer/moe/moe_utils.py:22-39 vs :1192 (fixed in 0.17)",
@@ -247,7 +257,8 @@ def patches() -> list[Patch]:
             target="megatron.core.transformer.transformer_config:is_te_min_version",
             replace=_wrap_is_te_min_version,
             rebind_aliases=False,
-            requires=MCORE,
+            requires=SUPPORTED_MEGATRON,
+            signature=Signature(positional=("version", "check_equality")),
             rationale="MoE + fp8 without TE: is_te_min_version compares None to a Version and "
             "raises TypeError in TransformerConfig.__post_init__; the plugin serves MoE FP8.",
             upstream="megatron/core/transformer/transformer_config.py:1599-1605",
@@ -260,7 +271,8 @@ def patches() -> list[Patch]:
                 id=f"fp8_blockwise.{cls}",
                 target=f"{LAYERS}:{cls}._forward_impl",
                 replace=_wrap_forward_impl(cls),
-                requires=MCORE,
+                requires=SUPPORTED_MEGATRON,
+                signature=(Signature(positional=("self", "input", "weight")), LINEAR_KWARGS),
                 rationale=f"Runs local {cls} GEMMs (attention, MLP, SequentialMLP experts, "
                 "output head when allowed) through the blockwise-FP8 linear inside FP8 regions.",
                 upstream=f"megatron/core/tensor_parallel/layers.py {cls}._forward_impl "
@@ -268,16 +280,25 @@ def patches() -> list[Patch]:
                 remove_when="megatron-core exposes a non-TE quantization backend hook",
             )
         )
-    for name, factory in (
-        ("bias_swiglu_impl", _wrap_bias_swiglu),
-        ("weighted_bias_swiglu_impl", _wrap_weighted_swiglu),
+    for name, factory, params in (
+        (
+            "bias_swiglu_impl",
+            _wrap_bias_swiglu,
+            ("input", "bias", "fp8_input_store", "cpu_offload_input"),
+        ),
+        (
+            "weighted_bias_swiglu_impl",
+            _wrap_weighted_swiglu,
+            ("input", "bias", "weights", "fp8_input_store"),
+        ),
     ):
         records.append(
             Patch(
                 id=f"fp8_blockwise.{name}",
                 target=f"megatron.core.transformer.mlp:{name}",
                 replace=factory,
-                requires=MCORE,
+                requires=SUPPORTED_MEGATRON,
+                signature=Signature(positional=params),
                 rationale="With activation_func_fp8_input_store, keeps the SwiGLU input in "
                 "blockwise-scaled FP8 inside FP8 regions (DeepSeek-V3) instead of megatron's "
                 "unscaled, saturating E4M3 cast.",
@@ -297,7 +318,8 @@ def patches() -> list[Patch]:
                 replace=_wrap_te_checkpoint,
                 create=create,
                 rebind_aliases=False,
-                requires=MCORE,
+                requires=SUPPORTED_MEGATRON,
+                signature=Signature(of=MODULE, contains=("te_checkpoint(",)),
                 rationale="With fp8, megatron recomputes (full, 'mlp', 'moe' recompute) through "
                 "te_checkpoint, which is None or raises ImportError without TE; the "
                 "replacement uses tensor_parallel.checkpoint and re-opens the FP8 region for "
@@ -313,7 +335,8 @@ def patches() -> list[Patch]:
                 id=f"fp8_blockwise.step.{name}",
                 target=f"{SCHEDULES}:{name}",
                 replace=_wrap_schedule,
-                requires=MCORE,
+                requires=SUPPORTED_MEGATRON,
+                signature=ONE_CALL_ONE_STEP,
                 rationale="Marks a new training step so each weight is quantized once per step "
                 "(the distributed optimizer updates weights without bumping their version).",
                 upstream="megatron/core/pipeline_parallel/schedules.py get_forward_backward_func",

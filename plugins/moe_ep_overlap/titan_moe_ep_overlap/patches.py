@@ -6,12 +6,24 @@ from collections.abc import Callable
 from typing import Any
 
 from titan_moe_ep_overlap import selection
-from titan_plugins.patching import MISSING, Patch
+from titan_plugins.patching import MISSING, MODULE, SUPPORTED_MEGATRON, Patch, Signature
 
-REQUIRES = ("megatron-core>=0.16,<0.17",)
 FUSED_A2A = "megatron.core.transformer.moe.fused_a2a"
 TOKEN_DISPATCHER = "megatron.core.transformer.moe.token_dispatcher"
 MOE_LAYER = "megatron.core.transformer.moe.moe_layer"
+# What moe_forward's chunked body calls on the layer, and how (checked on the imported code).
+MOE_FORWARD = Signature(
+    positional=("self", "hidden_states", "intermediate_tensors", "padding_mask"),
+    contains=(
+        "self.shared_experts_compute(hidden_states)",
+        "self.route(hidden_states, padding_mask)",
+        "self.preprocess(hidden_states, probs, routing_map)",
+        "self.routed_experts_compute(",
+        "self.postprocess(output, shared_expert_output)",
+    ),
+)
+# fused_a2a's autograd functions read the DeepEP names from module globals at call time.
+FUSED_A2A_USERS = Signature(attrs=("FusedDispatch", "FusedCombine", "get_buffer"))
 _REMOVE = "never while megatron-core gates its flex/DeepEP path on `import deep_ep`"
 
 
@@ -47,7 +59,8 @@ def records() -> list[Patch]:
     for name in ("Buffer", "EventHandle", "EventOverlap"):
         out.append(Patch(
             id=f"moe_ep_overlap.fused_a2a_{name}", target=f"{FUSED_A2A}:{name}",
-            replace=_backend_value(name), requires=REQUIRES, create=True, rebind_aliases=False,
+            replace=_backend_value(name), requires=SUPPORTED_MEGATRON, create=True, rebind_aliases=False,
+            signature=FUSED_A2A_USERS,
             rationale=f"megatron's FusedDispatch/FusedCombine read `{name}` from fused_a2a's "
             "globals at call time; without DeepEP v1 it is unbound, so ours is bound there",
             upstream="megatron/core/transformer/moe/fused_a2a.py:8-14", remove_when=_REMOVE,
@@ -58,14 +71,16 @@ def records() -> list[Patch]:
             short = module.rsplit(".", 1)[1]
             out.append(Patch(
                 id=f"moe_ep_overlap.{short}_{name}", target=f"{module}:{name}",
-                replace=_backend_value(name), requires=REQUIRES, rebind_aliases=False,
+                replace=_backend_value(name), requires=SUPPORTED_MEGATRON, rebind_aliases=False,
+                signature=FUSED_A2A_USERS if module == FUSED_A2A else Signature(
+                    attrs=("_DeepepManager",), of=MODULE, contains=(f"{name}(",)),
                 rationale=f"`{name}` is None without DeepEP and token_dispatcher from-imports it;"
                 " bind the torch.distributed entry point where it is looked up",
                 upstream=f"megatron/core/transformer/moe/{where}", remove_when=_REMOVE,
             ))  # fmt: skip
     out.append(Patch(
         id="moe_ep_overlap.moe_layer_forward", target=f"{MOE_LAYER}:MoELayer.forward",
-        replace=_moe_forward, requires=REQUIRES,
+        replace=_moe_forward, requires=SUPPORTED_MEGATRON, signature=MOE_FORWARD,
         rationale="pipeline dispatch / expert compute / combine over token chunks in the flex "
         "(DeepEP) path so the all-to-alls overlap expert compute within one micro-batch",
         upstream="megatron/core/transformer/moe/moe_layer.py:357-444 (serial route->dispatch->"

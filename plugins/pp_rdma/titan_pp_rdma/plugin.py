@@ -14,9 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from titan_plugins import hookimpl
-from titan_plugins.patching import Patch
-
-MEGATRON = ("megatron-core>=0.16,<0.17",)
+from titan_plugins.patching import SUPPORTED_MEGATRON, Patch, Signature
 
 
 def _communicator_factory(original: Any) -> Any:
@@ -31,6 +29,25 @@ def _batched_ops_factory(original: Any) -> Any:
     return batched_p2p_ops_fixed
 
 
+# What the subclass overrides and reads in megatron's P2PCommunicator.
+COMMUNICATOR = Signature(
+    of="P2PCommunicator._communicate",
+    params=("self", "tensor_send_next", "tensor_send_prev", "recv_prev", "recv_next")
+    + ("tensor_shape", "wait_on_reqs"),
+    attrs=("P2PCommunicator._communicate_shapes",),
+)
+COMMUNICATOR_STATE = Signature(
+    of="P2PCommunicator.__init__", contains=("self.pp_group", "self.config")
+)
+# The fixed op order posts every op on the pipeline group, as upstream does (slime's and
+# miles-rl's copies drop ``group``: replacing theirs would change which group carries the ops).
+BATCHED_OPS = Signature(
+    params=("tensor_send_prev", "tensor_recv_prev", "tensor_send_next", "tensor_recv_next")
+    + ("group", "prev_pipeline_rank", "next_pipeline_rank"),
+    contains=("tensor_send_prev, prev_pipeline_rank, group",),
+)
+
+
 @hookimpl
 def titan_register_patches(register: Callable[[Patch], None]) -> None:
     """Swap the pipeline P2P communicator and fix the batched op order."""
@@ -39,7 +56,8 @@ def titan_register_patches(register: Callable[[Patch], None]) -> None:
             id="pp_rdma.p2p_communicator",
             target="megatron.core.pipeline_parallel.schedules:P2PCommunicator",
             replace=_communicator_factory,
-            requires=MEGATRON,
+            requires=SUPPORTED_MEGATRON,
+            signature=(COMMUNICATOR, COMMUNICATOR_STATE),
             rationale="route pipeline send/recv through Mooncake Transfer Engine (RDMA/TCP) with "
             "registered, reused buffers; pin send storage until completion; per-direction "
             "matching so PP=2+VPP cannot swap activations and gradients",
@@ -56,7 +74,8 @@ def titan_register_patches(register: Callable[[Patch], None]) -> None:
             id="pp_rdma.batched_p2p_order",
             target="megatron.core.pipeline_parallel.p2p_communication:_batched_p2p_ops",
             replace=_batched_ops_factory,
-            requires=MEGATRON,
+            requires=SUPPORTED_MEGATRON,
+            signature=BATCHED_OPS,
             rationale="upstream posts [send_prev, recv_prev, send_next, recv_next]; with PP=2 "
             "prev == next and FIFO matching swaps activations and gradients under VPP",
             upstream="megatron/core/pipeline_parallel/p2p_communication.py:16-51; "

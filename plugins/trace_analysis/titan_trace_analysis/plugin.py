@@ -10,12 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 from titan_plugins import hookimpl
-from titan_plugins.patching import Patch
+from titan_plugins.patching import SUPPORTED_MEGATRON, Patch, Signature
 from titan_plugins.settings import Setting
 
 from . import capture
 
-MEGATRON_RANGE = ("megatron-core>=0.16,<0.17",)
 SCHEDULES = "megatron.core.pipeline_parallel.schedules"
 FUNCTIONS = (
     "forward_backward_no_pipelining",
@@ -33,7 +32,8 @@ def titan_register_patches(register: Callable[[Patch], None]) -> None:
                 id=f"trace_analysis.{fn}",
                 target=f"{SCHEDULES}:{fn}",
                 replace=capture.wrap_schedule,
-                requires=MEGATRON_RANGE,
+                requires=SUPPORTED_MEGATRON,
+                signature=Signature(params=("forward_step_func", "forward_only")),
                 rationale="one schedule call = one training iteration: start/stop the profiler "
                 "on the iterations named by TITAN_TRACE_STEPS and label them ProfilerStep#N",
                 upstream="megatron/core/pipeline_parallel/schedules.py: get_forward_backward_func "

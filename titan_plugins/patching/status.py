@@ -1,0 +1,15 @@
+"""Patch statuses: the one set of names for what the engine did with a patch record.
+
+The engine is the only writer of a patch's status; reports, the CLI and doctor read these names.
+(A *plugin's* load state - enabled / disabled / failed - is a different thing, kept by the
+manager.)
+"""
+
+from __future__ import annotations
+
+PENDING = "pending"  # registered; its module has not executed yet (or it was undone)
+APPLIED = "applied"  # the target holds the patched value
+SKIPPED = "skipped"  # deliberately not applied: version gate, signature, optional target absent
+FAILED = "failed"  # should have applied but could not (factory raised, target absent, conflict)
+
+STATUSES = (PENDING, APPLIED, SKIPPED, FAILED)
