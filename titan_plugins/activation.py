@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from titan_plugins import settings, switches
 from titan_plugins._log import DEBUG_HINT, configure, logger
 from titan_plugins.patching.engine import PatchEngine, PatchError
+from titan_plugins.patching.status import FAILED
 from titan_plugins.patching.watcher import ImportTrigger, PatchWatcher
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from titan_plugins.patching.record import Patch
 
 TRIGGER_PREFIXES = ("megatron",)
-IDLE, ARMED, ACTIVE, OFF, FAILED = "idle", "armed", "active", "off", "failed"
+IDLE, ARMED, ACTIVE, OFF = "idle", "armed", "active", "off"  # and FAILED (patching.status)
 
 
 class Activation:
@@ -226,8 +227,6 @@ def plugin_setting_problems(pm: TitanPluginManager) -> list[str]:
 def register_patches(pm: TitanPluginManager, engine: PatchEngine, errors: list[str]) -> None:
     """Call each plugin's ``titan_register_patches`` on its own, so one failing plugin is
     withdrawn (patches undone, reported) while the others keep theirs."""
-    from titan_plugins.manager import FAILED as PLUGIN_FAILED
-
     for impl in pm.hook.titan_register_patches.get_hookimpls():  # registration order
         name = impl.plugin_name
 
@@ -244,7 +243,7 @@ def register_patches(pm: TitanPluginManager, engine: PatchEngine, errors: list[s
             errors.append(f"{name}: {message}")
             record = pm.records.get(name)
             if record is not None:
-                record.state, record.reason = PLUGIN_FAILED, message
+                record.state, record.reason = FAILED, message
             logger.warning("plugin %s failed: %s", name, message)
 
 

@@ -8,12 +8,33 @@ from typing import Any
 
 from titan_plugins import train_step
 from titan_plugins.hookspecs import hookimpl
+from titan_plugins.patching.gates import SUPPORTED_MEGATRON
 from titan_plugins.patching.record import Patch
+from titan_plugins.patching.signature import Signature
 from titan_plugins.settings import Setting
 from titan_plugins.switches import CORE_SETTINGS
 
 _TRAINING_GATE = ("megatron-core>=0.14",)
-_CORE_GATE = ("megatron-core>=0.16,<0.17",)
+_CORE_GATE = (SUPPORTED_MEGATRON,)
+# What the training-loop wrappers read from the calls they wrap (checked on the imported code,
+# so a fork or a pre-release of the supported line is judged by what it really has).
+_SCHEDULE_SIGNATURE = Signature(
+    params=("forward_step_func", "data_iterator", "model", "num_microbatches", "forward_only")
+)
+_MICROBATCH_SIGNATURES = {
+    "forward": Signature(
+        positional=(
+            "forward_step_func",
+            "data_iterator",
+            "model",
+            "num_microbatches",
+            "input_tensor",
+        ),
+        params=("vp_stage",),
+    ),
+    "backward": Signature(positional=("input_tensor", "output_tensor", "output_tensor_grad")),
+}
+_OPTIMIZER_SIGNATURE = Signature(positional=("self",))
 _STEP_REMOVE_WHEN = (
     "megatron-core offers callbacks around a training iteration and its microbatches"
 )
@@ -86,6 +107,7 @@ def _train_step_patches() -> list[Patch]:
             target=f"{train_step.SCHEDULES}:{function}",
             replace=train_step.wrap_schedule(kind),
             requires=_CORE_GATE,
+            signature=_SCHEDULE_SIGNATURE,
             rationale="fire titan_train_step around each forward-backward call, so plugins "
             "need no schedule patches of their own",
             upstream="schedules.py get_forward_backward_func looks these up at call time",
@@ -99,6 +121,7 @@ def _train_step_patches() -> list[Patch]:
             target=f"{train_step.SCHEDULES}:{phase}_step",
             replace=train_step.wrap_microbatch(phase),
             requires=_CORE_GATE,
+            signature=_MICROBATCH_SIGNATURES[phase],
             rationale=f"fire titan_{phase}_microbatch around each microbatch {phase}",
             upstream=f"schedules.py {phase}_step (a module global the schedules call)",
             remove_when=_STEP_REMOVE_WHEN,
@@ -111,6 +134,7 @@ def _train_step_patches() -> list[Patch]:
             target=f"{train_step.OPTIMIZER}:{cls}.step",
             replace=train_step.wrap_optimizer_step,
             requires=_CORE_GATE,
+            signature=_OPTIMIZER_SIGNATURE,
             rationale="fire titan_optimizer_step around the training loop's optimizer step "
             "(grad norm and success are known only there)",
             upstream="megatron/core/optimizer/optimizer.py MegatronOptimizer subclasses",
@@ -134,6 +158,7 @@ def titan_register_patches(register: Callable[[Patch], None]) -> None:
             target="megatron.training.arguments:add_megatron_arguments",
             replace=_wrap_add_arguments,
             requires=_TRAINING_GATE,
+            signature=Signature(positional=("parser",)),
             optional=True,
             rationale="Lets plugins add flags to unmodified pretrain_gpt.py, whose "
             "extra_args_provider slot is already taken (modelopt); parse_args looks the "
@@ -148,6 +173,7 @@ def titan_register_patches(register: Callable[[Patch], None]) -> None:
             target="megatron.training.arguments:core_transformer_config_from_args",
             replace=_wrap_config_from_args,
             requires=_TRAINING_GATE,
+            signature=Signature(positional=("args",)),
             optional=True,
             rationale="Gives plugins the final TransformerConfig of unmodified training "
             "scripts; applied when arguments.py executes, before gpt_builders and "

@@ -93,7 +93,7 @@ def _doctor(as_json: bool, import_targets: bool) -> int:
         checks.append(("core", Check("activation", FAIL, state.detail, "see the message above")))
     if state.manager is not None:
         for record in state.manager.records.values():
-            if record.state == "failed":  # the manager's plugin state
+            if record.state == FAILED:  # a plugin that did not load
                 checks.append(
                     (record.name, Check("load", FAIL, record.reason, "fix or uninstall the plugin"))
                 )

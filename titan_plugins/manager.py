@@ -20,11 +20,13 @@ import pluggy
 
 from titan_plugins import hookspecs
 from titan_plugins._log import logger
+from titan_plugins.patching.status import FAILED
 from titan_plugins.switches import PICK, disabled_reasons, name_problem
 from titan_plugins.train_step import WRAPPER_HOOKS
 
 ENTRY_POINT_GROUP = "titan_plugins"
-ENABLED, DISABLED, FAILED = "enabled", "disabled", "failed"
+# A plugin's load state: enabled, disabled by a switch, or failed (the one FAILED of the core).
+ENABLED, DISABLED = "enabled", "disabled"
 BUILTIN = "titan-core"
 # The plugins this project ships: the name is reserved for its own distribution.
 FIRST_PARTY = {

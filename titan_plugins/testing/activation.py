@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from importlib import metadata
 
 from titan_plugins.activation import Activation, use
-from titan_plugins.manager import ENTRY_POINT_GROUP, TitanPluginManager, get_plugin_manager
+from titan_plugins.manager import ENABLED, ENTRY_POINT_GROUP, TitanPluginManager, get_plugin_manager
 from titan_plugins.patching import PatchEngine
 
 
@@ -56,7 +56,7 @@ def plugin_active(name: str, env: dict[str, str] | None = None) -> Iterator[Patc
         try:
             state.start()
             record = state.manager.records[name] if state.manager else None
-            if record is None or record.state != "enabled":
+            if record is None or record.state != ENABLED:
                 why = f"{record.state}: {record.reason}" if record else state.detail
                 raise RuntimeError(f"plugin {name!r} is {why}")
             if state.errors:
