@@ -398,3 +398,40 @@ def test_report_says_where_megatron_comes_from():
     expected = origin.describe()
     assert data["path"] == expected.path and data["version"] == expected.version
     assert data["kind"] == expected.kind and data["summary"] == expected.summary()
+
+
+def test_an_unsupported_megatron_logs_one_line_per_plugin(fake, caplog):
+    """0.15 everywhere: every patch of each plugin is skipped, one warning per plugin (the rest
+    at debug level), and the report calls each plugin inactive with the reason."""
+    import logging
+
+    from titan_plugins.report import _mark_inactive
+
+    checkout = fake.tree("checkout", version="0.15.3")
+    fake.on_path(checkout)
+    patches = [
+        record(fake, f"{plugin}.p{i}", signature=LINEAR_SIGNATURE)
+        for plugin in ("alpha", "beta")
+        for i in range(3)
+    ]
+    for patch in patches:
+        patch.plugin = patch.id.split(".")[0]
+    engine = PatchEngine()
+    watcher = PatchWatcher(engine)
+    watcher.install()
+    try:
+        with caplog.at_level(logging.DEBUG, logger="titan_plugins"):
+            for patch in patches:
+                engine.register(patch, plugin=patch.plugin)
+            fake.layers()
+    finally:
+        engine.undo()
+        watcher.remove()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 2, warnings
+    assert warnings[0].startswith("plugin alpha: patch alpha.p0 skipped: version gate:")
+    assert "0.15.3" in warnings[0] and warnings[1].startswith("plugin beta:")
+    assert all(p.status == SKIPPED for p in patches)
+    entry = {"state": "enabled", "reason": "", "patches": [p.as_dict() for p in patches[:3]]}
+    _mark_inactive(entry)
+    assert entry["state"] == "inactive" and "0.15.3" in entry["reason"]

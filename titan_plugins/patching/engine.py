@@ -52,6 +52,7 @@ class PatchEngine:
         # The watcher consults these on every import in the process: keep them O(1).
         self._watched: set[str] = set()
         self.deferred: set[str] = set()  # imported but still executing when we wanted to patch
+        self._skips_logged: set[str] = set()  # plugins whose first skip was logged as a warning
 
     # ---------------------------------------------------------------- registration
     def register(self, patch: Patch, plugin: str = "") -> None:
@@ -214,10 +215,25 @@ class PatchEngine:
                 kept.append(patch)
                 continue
             patch.set_status(SKIPPED, reason)
-            logger.warning("patch %s skipped: %s", patch.id, reason)
+            self._log_skip(patch, reason)
             if strict():
                 raise PatchError(f"patch {patch.id}: {reason} (TITAN_PLUGINS_STRICT=1)")
         return kept
+
+    def _log_skip(self, patch: Patch, reason: str) -> None:
+        """One warning per plugin (an unsupported Megatron skips every patch of a plugin: one
+        line each would bury the job's output); the rest at debug level, all in the report."""
+        if patch.plugin in self._skips_logged:
+            logger.debug("patch %s skipped: %s", patch.id, reason)
+            return
+        self._skips_logged.add(patch.plugin)
+        logger.warning(
+            "plugin %s: patch %s skipped: %s (later skips of this plugin are logged at debug "
+            "level; `titan-plugins list --import-targets` shows every patch)",
+            patch.plugin or "?",
+            patch.id,
+            reason,
+        )
 
     def _missing(self, patches: list[Patch], reason: str) -> None:
         for patch in patches:
