@@ -1,0 +1,310 @@
+"""The rewind state machine of one process: check every step, snapshot, roll back, escalate.
+
+Order inside one training iteration (all on the core's hooks, no patch of our own):
+
+1. ``titan_train_step`` returns the schedule's per-microbatch loss reports (last pipeline stage)
+   and we keep this rank's (numerator, denominator).
+2. ``titan_optimizer_step``: before the update, wait for snapshot copies still in flight; after
+   it, one all-reduce turns the loss, grad norm and flags into the same numbers on every rank,
+   the detectors judge them, and every rank either counts a healthy step (maybe snapshotting)
+   or restores the last stable snapshot. The decision follows the update: with bf16 and no
+   loss scaler a NaN gradient has already been applied, and the restore overwrites it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from titan_rewind import collective, inject
+from titan_rewind.config import RewindConfig
+from titan_rewind.detect import Signals, Trigger
+
+if TYPE_CHECKING:
+    from titan_rewind.store import SnapshotStore
+
+log = logging.getLogger("titan_plugins.rewind")
+
+
+class RewindError(RuntimeError):
+    """Training cannot recover by rewinding (repeated faults, or a fault with no snapshot)."""
+
+
+@dataclass
+class RewindEvent:
+    """One rollback, as logged and reported."""
+
+    step: int
+    trigger: str
+    value: float
+    threshold: float | None
+    snapshot_step: int
+    steps_skipped: int
+    microbatches_skipped: int
+    extra_microbatches_dropped: int
+    level: int
+    seconds: float
+
+
+def _rank() -> int:
+    import torch
+
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+class Rewinder:
+    """Per-process state: detectors, snapshot store, rewind history."""
+
+    def __init__(self, config: RewindConfig) -> None:
+        self.config = config
+        self.detector = config.detector()
+        self._store: SnapshotStore | None = None  # built at the first step (imports torch)
+        self.events: list[RewindEvent] = []
+        self.unhandled: list[dict[str, Any]] = []  # triggers with nothing to roll back to
+        self.steps_checked = 0
+        self.steps_skipped_by_scaler = 0
+        self.last_signals: Signals | None = None
+        self._losses: dict[int, tuple[float, float]] = {}
+        self._microbatches: deque[tuple[int, int]] = deque(maxlen=4096)
+        self._warned: set[str] = set()
+        self._megatron_checked = False
+
+    @property
+    def store(self) -> SnapshotStore:
+        """The snapshot slots (created on first use)."""
+        if self._store is None:
+            from titan_rewind.store import SnapshotStore
+
+            cfg = self.config
+            self._store = SnapshotStore(cfg.interval, cfg.stable_after, cfg.max_host_bytes)
+        return self._store
+
+    # ------------------------------------------------------------------ hooks
+    def after_train_step(self, step: Any, result: Any) -> None:
+        """Keep this rank's loss of a training call (reports exist on the last stage only)."""
+        self._microbatches.append((step.index, step.num_microbatches))
+        if not self._megatron_checked:
+            self._megatron_checked = True
+            self._check_megatron(step.model)
+        if result:
+            self._losses = {step.index: collective.local_loss(result, self.config.loss_key)}
+        else:
+            self._losses = {}
+
+    def before_optimizer_step(self) -> None:
+        """Snapshot copies in flight must finish before the update writes the tensors."""
+        self.store.fence()
+
+    def after_optimizer_step(self, opt_step: Any, result: Any) -> None:
+        """Judge the step (collectively) and snapshot or roll back."""
+        train = opt_step.step
+        index = train.index if train is not None else self.steps_checked
+        loss = self._losses.pop(index, None) if train is not None else None
+        update_successful, grad_norm = _unpack(result)
+        signals = collective.reduce_signals(
+            collective.local_vector(loss, grad_norm, update_successful)
+        )
+        self.steps_checked += 1
+        self.last_signals = signals
+        if signals.skipped:  # the fp16 loss scaler skipped the update: its business, not ours
+            self.steps_skipped_by_scaler += 1
+            return
+        chunks = (
+            train.model if train is not None else getattr(opt_step.optimizer, "model_chunks", [])
+        )
+        trigger = self.detector.check(signals)
+        if trigger is not None:
+            self._rewind(trigger, index, train, chunks, opt_step.optimizer)
+            return
+        if signals.nonfinite_loss or signals.nonfinite_grad:
+            return  # the nonfinite check is off: not healthy, not acted on
+        self.detector.accept(signals)
+        if not chunks:
+            self._warn_once("no_model", "rewind: no model chunks known; no snapshot is taken")
+            return
+        self.store.on_healthy_step(index, chunks, opt_step.optimizer)
+        if self.store.over_budget:
+            self._warn_once("budget", self.store.over_budget)
+
+    # ------------------------------------------------------------------ rollback
+    def _rewind(
+        self, trigger: Trigger, index: int, train: Any, chunks: list[Any], optimizer: Any
+    ) -> None:
+        previous = self.events[-1] if self.events else None
+        in_chain = previous is not None and index - previous.step <= self.config.escalate_window
+        level = previous.level + 1 if in_chain else 1
+        if level > self.config.max_rewinds:
+            chain = [e.step for e in self._chain()] + [index]
+            raise RewindError(
+                f"rewind: {trigger.describe()} at step {index} is fault number {level} within "
+                f"{self.config.escalate_window} steps of each other (steps "
+                f"{', '.join(map(str, chain))}), after {level - 1} rewind(s) to the snapshot of "
+                f"step {previous.snapshot_step}: the divergence persists. Inspect the data "
+                "after that step, lower the learning rate, or raise TITAN_REWIND_MAX_REWINDS / "
+                "TITAN_REWIND_ESCALATE_SKIP."
+            )
+        target = self.store.rollback_target()
+        if target is None:
+            why = self.store.over_budget or (
+                f"no snapshot has had {self.config.stable_after} healthy steps after it yet"
+            )
+            message = (
+                f"rewind: {trigger.describe()} at step {index}, but nothing to roll back to: {why}"
+            )
+            if trigger.kind.startswith("nonfinite"):
+                raise RewindError(message + "; the weights may hold NaN/Inf, stopping.")
+            self.unhandled.append({"step": index, "trigger": trigger.kind, "value": trigger.value})
+            self._warn_once(f"unhandled{index}", message + "; training continues.")
+            return
+        _assert_between_steps()
+        started = time.perf_counter()
+        snapshot_step = target.step
+        slot = self.store.restore(chunks, optimizer)
+        dropped = 0
+        if level > 1 and self.config.escalate_skip:
+            dropped = drop_batches(train, (level - 1) * self.config.escalate_skip)
+        event = RewindEvent(
+            step=index,
+            trigger=trigger.kind,
+            value=trigger.value,
+            threshold=trigger.threshold,
+            snapshot_step=slot.step,
+            steps_skipped=index - snapshot_step,
+            microbatches_skipped=sum(
+                n for i, n in self._microbatches if snapshot_step < i <= index
+            ),
+            extra_microbatches_dropped=dropped,
+            level=level,
+            seconds=time.perf_counter() - started,
+        )
+        self.events.append(event)
+        self._log_event(event, trigger)
+
+    def _chain(self) -> list[RewindEvent]:
+        """The latest run of rewinds each within the escalation window of the one before."""
+        chain: list[RewindEvent] = []
+        for event in reversed(self.events):
+            if chain and chain[0].step - event.step > self.config.escalate_window:
+                break
+            chain.insert(0, event)
+        return chain
+
+    def _log_event(self, event: RewindEvent, trigger: Trigger) -> None:
+        extra = (
+            f", and dropped {event.extra_microbatches_dropped} more microbatches (escalation "
+            f"level {event.level})"
+            if event.level > 1
+            else ""
+        )
+        message = (
+            f"rewind: step {event.step}: {trigger.describe()}; restored the snapshot of step "
+            f"{event.snapshot_step} in {event.seconds * 1e3:.1f} ms; the {event.steps_skipped} "
+            f"step(s) since it ({event.microbatches_skipped} microbatches) are skipped{extra}; "
+            "the learning-rate schedule continues"
+        )
+        (log.warning if _rank() == 0 else log.debug)(message)
+
+    # ------------------------------------------------------------------ megatron's own checks
+    def _check_megatron(self, chunks: list[Any]) -> None:
+        """Say once when megatron's NaN checks will stop the run before rewind can act."""
+        on = [
+            name
+            for chunk in chunks
+            for name in ("check_for_nan_in_grad",)
+            if getattr(getattr(chunk, "ddp_config", None), name, False)
+        ]
+        if on and "nonfinite" in self.config.detect:
+            self._warn_once(
+                "megatron_nan",
+                "rewind: megatron's DDP check_for_nan_in_grad is on: a NaN gradient stops the "
+                "run (rerun state machine exit, or RuntimeError) before rewind can roll back. "
+                "With Megatron-LM pass --no-check-for-nan-in-loss-and-grad to let rewind handle "
+                "NaN/Inf (see the rewind README).",
+            )
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            (log.warning if _rank() == 0 else log.debug)(message)
+
+    # ------------------------------------------------------------------ reporting
+    def effect(self) -> dict[str, Any]:
+        """This rank's numbers for the demo's after-training table and ``titan_report``."""
+        store = self._store
+        stable = store.rollback_target() if store is not None else None
+        held = store.describe() if store is not None else {"snapshots": [], "host_bytes": 0}
+        return {
+            "steps_checked": self.steps_checked,
+            "rewinds": len(self.events),
+            "events": [asdict(e) for e in self.events],
+            "unhandled_triggers": list(self.unhandled),
+            "skipped_by_loss_scaler": self.steps_skipped_by_scaler,
+            "stable_snapshot_step": None if stable is None else stable.step,
+            "thresholds": self.detector.thresholds(),
+            "injected_nan_steps": sorted(inject.fired()),
+            **held,
+        }
+
+
+def _unpack(result: Any) -> tuple[Any, Any]:
+    """(update_successful, grad_norm) from an optimizer step's result."""
+    if isinstance(result, tuple) and len(result) >= 2:
+        return result[0], result[1]
+    return result, None
+
+
+def _assert_between_steps() -> None:
+    """A restore runs between iterations: no schedule (so no P2P / all-to-all transfer of
+    pp_rdma or moe_ep_overlap) may be in flight in this thread."""
+    from titan_plugins import train_step
+
+    running = train_step.current_step()
+    if running is not None:
+        raise RewindError(
+            f"rewind: refusing to restore inside a running {running.schedule} schedule call "
+            "(transfers may be in flight); the optimizer step must follow forward_backward"
+        )
+
+
+def drop_batches(train: Any, steps: int) -> int:
+    """Advance the step's data iterator(s) by ``steps`` steps of microbatches; returns how many
+    microbatches were dropped per iterator (fewer when an iterator ends)."""
+    if train is None:
+        return 0
+    iterators = train.kwargs.get("data_iterator")
+    if not isinstance(iterators, list | tuple):
+        iterators = [iterators]
+    want = steps * max(train.num_microbatches, 1)
+    dropped = 0
+    for iterator in iterators:
+        if iterator is None:
+            continue
+        count = 0
+        try:
+            for _ in range(want):
+                next(iterator)
+                count += 1
+        except StopIteration:
+            log.warning("rewind: the data iterator ended after dropping %d microbatches", count)
+        dropped = max(dropped, count)
+    return dropped
+
+
+_CURRENT: list[Rewinder] = []
+
+
+def start(config: RewindConfig) -> Rewinder:
+    """A fresh state machine for a new activation (injections re-armed from the knob)."""
+    _CURRENT[:] = [Rewinder(config)]
+    inject.reset_fired()  # step indices restart from 0 with each activation
+    inject.arm_from(config.inject_nan_steps)
+    return _CURRENT[0]
+
+
+def current() -> Rewinder | None:
+    """The state machine of the latest activation, if any."""
+    return _CURRENT[0] if _CURRENT else None
