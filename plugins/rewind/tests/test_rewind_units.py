@@ -12,7 +12,6 @@ import math
 
 import pytest
 import torch
-
 from titan_rewind import collective, inject
 from titan_rewind.detect import Detector, GradNormSpike, LossSpike, Signals
 from titan_rewind.snapshot import RestoreError, Snapshotter

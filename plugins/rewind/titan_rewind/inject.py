@@ -17,32 +17,30 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-_ARMED: set[int] = set()
+_MANUAL: set[int] = set()  # armed by nan_at_step: kept until clear()
+_FROM_ENV: set[int] = set()  # armed by the knob: replaced at each activation
 _FIRED: set[int] = set()
 
 
 def nan_at_step(*steps: int) -> None:
-    """Arm NaN injection at these step indices (adds to those already armed)."""
+    """Arm NaN injection at these step indices (adds to those already armed; kept across
+    activations until :func:`clear`)."""
     for step in steps:
         if int(step) < 0:
             raise ValueError(f"nan_at_step: step {step} is negative; steps count from 0")
-        _ARMED.add(int(step))
+        _MANUAL.add(int(step))
 
 
 def clear() -> None:
     """Disarm every injection and forget which fired."""
-    _ARMED.clear()
-    _FIRED.clear()
-
-
-def reset_fired() -> None:
-    """Let armed steps fire again (a new activation counts steps from 0 again)."""
+    _MANUAL.clear()
+    _FROM_ENV.clear()
     _FIRED.clear()
 
 
 def armed() -> frozenset[int]:
     """Steps still armed."""
-    return frozenset(_ARMED - _FIRED)
+    return frozenset((_MANUAL | _FROM_ENV) - _FIRED)
 
 
 def fired() -> frozenset[int]:
@@ -51,14 +49,17 @@ def fired() -> frozenset[int]:
 
 
 def arm_from(values: Iterable[str]) -> None:
-    """Arm the steps of ``TITAN_REWIND_INJECT_NAN_STEP`` (already validated as digits)."""
-    nan_at_step(*(int(v) for v in values))
+    """Arm exactly the steps of ``TITAN_REWIND_INJECT_NAN_STEP`` (validated as digits) for a
+    new activation; every armed step may fire again (step indices restart from 0)."""
+    _FROM_ENV.clear()
+    _FIRED.clear()
+    _FROM_ENV.update(int(v) for v in values)
 
 
 def poison_forward(step: int, forward_step_func: Callable[..., Any]) -> Callable[..., Any]:
     """``forward_step_func`` whose loss function, the first time it runs in ``step``, sees a
     NaN model output. Returned unchanged when ``step`` is not armed."""
-    if step not in _ARMED or step in _FIRED:
+    if step not in armed():
         return forward_step_func
 
     def forward(*args: Any, **kwargs: Any) -> Any:

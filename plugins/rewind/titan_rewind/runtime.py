@@ -236,7 +236,7 @@ class Rewinder:
         """This rank's numbers for the demo's after-training table and ``titan_report``."""
         store = self._store
         stable = store.rollback_target() if store is not None else None
-        held = store.describe() if store is not None else {"snapshots": [], "host_bytes": 0}
+        held = store.describe() if store is not None else _no_store(self.config)
         return {
             "steps_checked": self.steps_checked,
             "rewinds": len(self.events),
@@ -248,6 +248,19 @@ class Rewinder:
             "injected_nan_steps": sorted(inject.fired()),
             **held,
         }
+
+
+def _no_store(config: RewindConfig) -> dict[str, Any]:
+    """What ``SnapshotStore.describe`` says before the first step (without importing torch)."""
+    from titan_rewind.doctor import default_budget
+
+    return {
+        "snapshots": [],
+        "snapshots_taken": 0,
+        "host_bytes": 0,
+        "bytes_per_snapshot": 0,
+        "host_budget": config.max_host_bytes or default_budget(),
+    }
 
 
 def _unpack(result: Any) -> tuple[Any, Any]:
@@ -300,8 +313,7 @@ _CURRENT: list[Rewinder] = []
 def start(config: RewindConfig) -> Rewinder:
     """A fresh state machine for a new activation (injections re-armed from the knob)."""
     _CURRENT[:] = [Rewinder(config)]
-    inject.reset_fired()  # step indices restart from 0 with each activation
-    inject.arm_from(config.inject_nan_steps)
+    inject.arm_from(config.inject_nan_steps)  # step indices restart from 0 with each activation
     return _CURRENT[0]
 
 
