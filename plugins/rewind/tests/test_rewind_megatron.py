@@ -4,7 +4,9 @@ workers with rewind on; faults are injected and the rollback is checked against 
 - NaN in one microbatch at PP=2 x EP=2 (bf16, no loss scaler: the NaN update is applied, then
   rolled back; dropout on, so the RNG restore matters; MoE expert bias on, so the non-parameter
   buffers matter): the final parameters and optimizer state are bit-identical to a run with the
-  plugin off that trained up to the snapshot and skipped the same batches.
+  plugin off that trained up to the snapshot and skipped the same batches (the snapshot's state
+  is that run's own state, so no restore code of ours is in the reference). The same at EP=2 x
+  DP=2 with megatron's distributed optimizer (sharded fp32 main params).
 - A loss spike (scrambled labels, loss x3) at PP=2 and a grad-norm spike (loss scaled x30 in the
   backward only) at EP=2: rewound at that step on every rank, including ranks without a loss.
 - Repeated NaNs: a rewind, an escalated rewind that drops more batches, then RewindError.
@@ -68,16 +70,38 @@ def forward_step(data_iterator: Any, model: Any) -> tuple[Any, Any]:
     return output, loss_func
 
 
-def build(parallel: dict, **overrides: Any) -> tuple[list, Any]:
-    """Model chunks and megatron optimizer for ``parallel``, from the same seeds every time."""
+def build(parallel: dict, distributed: bool = False, **overrides: Any) -> tuple[list, Any]:
+    """Model chunks and megatron optimizer for ``parallel``, from the same seeds every time;
+    ``distributed``: megatron's distributed optimizer (fp32 main shards over DP)."""
     from megatron.core.distributed import finalize_model_grads
 
     tiny_gpt.init_parallel(**parallel)
     torch.manual_seed(4321)  # the CPU generator feeds dropout: same start in every run
     cfg = tiny_gpt.make_config(**overrides)
     cfg.finalize_model_grads_func = finalize_model_grads
-    chunks = tiny_gpt.build_model(cfg)
-    return chunks, tiny_gpt.make_optimizer(chunks, cfg)
+    if not distributed:
+        chunks = tiny_gpt.build_model(cfg)
+        return chunks, tiny_gpt.make_optimizer(chunks, cfg)
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.transformer.module import Float16Module
+
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True
+    )
+    chunks = [
+        DistributedDataParallel(cfg, ddp_config, Float16Module(cfg, chunk))
+        for chunk in tiny_gpt.build_model(cfg, ddp=False)
+    ]
+    config = OptimizerConfig(
+        optimizer="adam",
+        lr=1e-3,
+        bf16=True,
+        params_dtype=cfg.params_dtype,
+        use_distributed_optimizer=True,
+        clip_grad=1.0,
+    )
+    return chunks, get_megatron_optimizer(config, chunks)
 
 
 def run_steps(chunks: list, optimizer: Any, data: Stream, steps: int) -> None:
@@ -116,12 +140,20 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def final_state(chunks: list, optimizer: Any) -> dict[str, Any]:
-    """Parameters, buffers (expert bias) and megatron's optimizer state dict, flattened."""
+    """Parameters, buffers (expert bias), megatron's optimizer state dict, and each torch
+    optimizer's own state and params (the fp32 masters; the distributed optimizer's state dict
+    leaves its sharded state out), flattened."""
     state = {f"param.{k}": v for k, v in tiny_gpt.global_state_dict(chunks).items()}
     for index, chunk in enumerate(chunks):
         for name, buffer in chunk.named_buffers():
             state[f"buffer{index}.{name}"] = buffer.detach().clone()
     state.update(flatten(optimizer.state_dict(), "optimizer"))
+    for number, leaf in enumerate(getattr(optimizer, "chained_optimizers", [optimizer])):
+        inner = leaf.optimizer
+        state.update(flatten(inner.state_dict(), f"torch{number}"))
+        for group, params in enumerate(g["params"] for g in inner.param_groups):
+            for position, param in enumerate(params):
+                state[f"torch{number}.main{group}.{position}"] = param.detach().clone()
     return state
 
 
@@ -164,21 +196,21 @@ NAN_MODEL = dict(
 )
 
 
-def nan_task() -> dict[str, Any]:
+def nan_task(parallel: dict, distributed: bool = False) -> dict[str, Any]:
     """Rewind run vs reference run on this rank; returns what the test checks."""
     from megatron.core import parallel_state as ps
     from titan_rewind import inject
 
-    parallel = {"pp": 2, "ep": 2}
-    chunks, optimizer = build(parallel, **NAN_MODEL)
+    chunks, optimizer = build(parallel, distributed, **NAN_MODEL)
     data = Stream()
     with plugin_active("rewind", NAN_ENV):
         run_steps(chunks, optimizer, data, STEPS)
         effect = _effect()
         fired = sorted(inject.fired())
     rewound = final_state(chunks, optimizer)
+    optimizers = sorted({type(o).__name__ for o in optimizer.chained_optimizers})
 
-    chunks, optimizer = build(parallel, **NAN_MODEL)
+    chunks, optimizer = build(parallel, distributed, **NAN_MODEL)
     reference_data = Stream()
     run_steps(chunks, optimizer, reference_data, RESTORED + 1)
     for _ in range(SKIPPED * NMB):  # the skipped batches
@@ -194,21 +226,35 @@ def nan_task() -> dict[str, Any]:
         "last_stage": ps.is_pipeline_last_stage(),
         "consumed": (data.consumed, reference_data.consumed),
         "has_expert_bias": any("expert_bias" in k for k in rewound),
+        "optimizers": optimizers,
     }
 
 
 @pytest.fixture(scope="module")
 def nan_results(gloo_pool4):
-    return gloo_pool4.run(nan_task, timeout=600)
+    return gloo_pool4.run(nan_task, {"pp": 2, "ep": 2}, timeout=600)
 
 
-def test_nan_rewind_is_bit_identical_to_the_skipping_reference(nan_results):
-    for rank, result in enumerate(nan_results):
+def _check_bit_identical(results: list[dict[str, Any]]) -> None:
+    for rank, result in enumerate(results):
         assert result["differences"] == [], f"rank {rank}: {result['differences'][:10]}"
         assert result["compared"] > 50 and result["has_expert_bias"]
         assert result["finite"]
         # The data iterator stayed where it was: the same batches were read in both runs.
         assert result["consumed"] == (STEPS * NMB, STEPS * NMB)
+
+
+def test_nan_rewind_is_bit_identical_to_the_skipping_reference(nan_results):
+    _check_bit_identical(nan_results)
+    assert nan_results[0]["optimizers"] == ["Float16OptimizerWithFloat16Params"]
+
+
+def test_nan_rewind_with_the_distributed_optimizer(gloo_pool2):
+    """EP=2 x DP=2, fp32 main params sharded over DP: each rank restores its own shards."""
+    results = gloo_pool2.run(nan_task, {"ep": 2}, True, timeout=600)
+    _check_bit_identical(results)
+    assert results[0]["optimizers"] == ["DistributedOptimizer"]
+    assert [len(r["events"]) for r in results] == [1, 1]
 
 
 def test_nan_rewind_is_one_collective_decision(nan_results):

@@ -97,3 +97,23 @@ def test_restore_refuses_to_run_inside_a_schedule(monkeypatch):
     monkeypatch.setattr(train_step._STATE, "step", fake)
     with pytest.raises(RewindError, match="inside a running 1f1b schedule"):
         _assert_between_steps()
+
+
+def test_warns_once_when_megatrons_nan_check_would_stop_the_run(caplog):
+    from types import SimpleNamespace
+
+    from titan_rewind.config import RewindConfig
+    from titan_rewind.runtime import Rewinder
+
+    chunk = SimpleNamespace(ddp_config=SimpleNamespace(check_for_nan_in_grad=True))
+    step = SimpleNamespace(index=0, num_microbatches=1, model=[chunk])
+    rewinder = Rewinder(RewindConfig())
+    with caplog.at_level("WARNING", logger="titan_plugins.rewind"):
+        rewinder.after_train_step(step, [])
+        rewinder.after_train_step(step, [])
+    (record,) = [r for r in caplog.records if "check_for_nan_in_grad" in r.getMessage()]
+    assert "--no-check-for-nan-in-loss-and-grad" in record.getMessage()
+    quiet = Rewinder(RewindConfig(detect=("loss",)))  # NaN handling left to megatron: no advice
+    caplog.clear()
+    quiet.after_train_step(step, [])
+    assert not caplog.records
