@@ -335,7 +335,7 @@ ESCALATE_ENV = {
 
 def escalate_task() -> dict[str, Any]:
     """NaNs at steps 4, 6 and 8, each within 3 steps of the previous rewind."""
-    from titan_rewind.runtime import RewindError
+    from titan_rewind import RewindError
 
     chunks, optimizer = build({})
     data = Stream()

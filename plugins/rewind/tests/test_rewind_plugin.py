@@ -90,13 +90,14 @@ def test_titan_plugins_list_shows_it():
 
 
 def test_restore_refuses_to_run_inside_a_schedule(monkeypatch):
-    from titan_rewind.runtime import RewindError, _assert_between_steps
+    from titan_rewind import RewindError
+    from titan_rewind.loop import assert_between_steps
 
-    _assert_between_steps()  # between steps: fine
+    assert_between_steps()  # between steps: fine
     fake = train_step.TrainStep(print, (), {}, schedule="1f1b")
     monkeypatch.setattr(train_step._STATE, "step", fake)
     with pytest.raises(RewindError, match="inside a running 1f1b schedule"):
-        _assert_between_steps()
+        assert_between_steps()
 
 
 def test_warns_once_when_megatrons_nan_check_would_stop_the_run(caplog):

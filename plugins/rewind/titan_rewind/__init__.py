@@ -1,12 +1,17 @@
 """Titan plugin ``rewind``: in-memory rollback to the last stable state on NaN/Inf, loss spikes
 and grad-norm spikes, without a restart. Importing this package has no side effect.
 
-:func:`effect` is the public accessor of this rank's numbers (rewinds, snapshots, bytes).
+:func:`effect` is the public accessor of this rank's numbers (rewinds, snapshots, bytes);
+:class:`RewindError` is raised when rolling back cannot help.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from titan_rewind.errors import RewindError
+
+__all__ = ["RewindError", "effect"]
 
 
 def effect() -> dict[str, Any]:

@@ -15,22 +15,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from titan_rewind import collective, inject
+from titan_rewind import collective, inject, loop
 from titan_rewind.config import RewindConfig
 from titan_rewind.detect import Signals, Trigger
+from titan_rewind.errors import RewindError
 
 if TYPE_CHECKING:
     from titan_rewind.store import SnapshotStore
 
 log = logging.getLogger("titan_plugins.rewind")
-
-
-class RewindError(RuntimeError):
-    """Training cannot recover by rewinding (repeated faults, or a fault with no snapshot)."""
 
 
 @dataclass
@@ -68,8 +64,10 @@ class Rewinder:
         self.steps_checked = 0
         self.steps_skipped_by_scaler = 0
         self.last_signals: Signals | None = None
-        self._losses: dict[int, tuple[float, float]] = {}
-        self._microbatches: deque[tuple[int, int]] = deque(maxlen=4096)
+        # This rank's (loss numerator, denominator) summed over the training calls since the
+        # last optimizer step (several with gradient accumulation, or a megatron re-run).
+        self._loss: tuple[float, float] | None = None
+        self.microbatches_read = 0  # by this process's training calls since activation
         self._warned: set[str] = set()
         self._megatron_checked = False
 
@@ -85,15 +83,16 @@ class Rewinder:
 
     # ------------------------------------------------------------------ hooks
     def after_train_step(self, step: Any, result: Any) -> None:
-        """Keep this rank's loss of a training call (reports exist on the last stage only)."""
-        self._microbatches.append((step.index, step.num_microbatches))
+        """Add this rank's loss of a training call (reports exist on the last stage only)."""
+        self.microbatches_read += step.num_microbatches
         if not self._megatron_checked:
             self._megatron_checked = True
             self._check_megatron(step.model)
         if result:
-            self._losses = {step.index: collective.local_loss(result, self.config.loss_key)}
-        else:
-            self._losses = {}
+            numerator, denominator = collective.local_loss(result, self.config.loss_key)
+            if self._loss is not None:
+                numerator, denominator = numerator + self._loss[0], denominator + self._loss[1]
+            self._loss = (numerator, denominator)
 
     def before_optimizer_step(self) -> None:
         """Snapshot copies in flight must finish before the update writes the tensors."""
@@ -103,8 +102,8 @@ class Rewinder:
         """Judge the step (collectively) and snapshot or roll back."""
         train = opt_step.step
         index = train.index if train is not None else self.steps_checked
-        loss = self._losses.pop(index, None) if train is not None else None
-        update_successful, grad_norm = _unpack(result)
+        loss, self._loss = self._loss, None
+        update_successful, grad_norm = loop.unpack(result)
         signals = collective.reduce_signals(
             collective.local_vector(loss, grad_norm, update_successful)
         )
@@ -126,7 +125,7 @@ class Rewinder:
         if not chunks:
             self._warn_once("no_model", "rewind: no model chunks known; no snapshot is taken")
             return
-        self.store.on_healthy_step(index, chunks, opt_step.optimizer)
+        self.store.on_healthy_step(index, chunks, opt_step.optimizer, self.microbatches_read)
         if self.store.over_budget:
             self._warn_once("budget", self.store.over_budget)
 
@@ -160,13 +159,13 @@ class Rewinder:
             self.unhandled.append({"step": index, "trigger": trigger.kind, "value": trigger.value})
             self._warn_once(f"unhandled{index}", message + "; training continues.")
             return
-        _assert_between_steps()
+        loop.assert_between_steps()
         started = time.perf_counter()
         snapshot_step = target.step
         slot = self.store.restore(chunks, optimizer)
         dropped = 0
         if level > 1 and self.config.escalate_skip:
-            dropped = drop_batches(train, (level - 1) * self.config.escalate_skip)
+            dropped = loop.drop_batches(train, (level - 1) * self.config.escalate_skip)
         event = RewindEvent(
             step=index,
             trigger=trigger.kind,
@@ -174,9 +173,7 @@ class Rewinder:
             threshold=trigger.threshold,
             snapshot_step=slot.step,
             steps_skipped=index - snapshot_step,
-            microbatches_skipped=sum(
-                n for i, n in self._microbatches if snapshot_step < i <= index
-            ),
+            microbatches_skipped=self.microbatches_read - slot.mark,
             extra_microbatches_dropped=dropped,
             level=level,
             seconds=time.perf_counter() - started,
@@ -236,7 +233,7 @@ class Rewinder:
         """This rank's numbers for the demo's after-training table and ``titan_report``."""
         store = self._store
         stable = store.rollback_target() if store is not None else None
-        held = store.describe() if store is not None else _no_store(self.config)
+        held = store.describe() if store is not None else loop.no_store(self.config)
         return {
             "steps_checked": self.steps_checked,
             "rewinds": len(self.events),
@@ -248,63 +245,6 @@ class Rewinder:
             "injected_nan_steps": sorted(inject.fired()),
             **held,
         }
-
-
-def _no_store(config: RewindConfig) -> dict[str, Any]:
-    """What ``SnapshotStore.describe`` says before the first step (without importing torch)."""
-    from titan_rewind.doctor import default_budget
-
-    return {
-        "snapshots": [],
-        "snapshots_taken": 0,
-        "host_bytes": 0,
-        "bytes_per_snapshot": 0,
-        "host_budget": config.max_host_bytes or default_budget(),
-    }
-
-
-def _unpack(result: Any) -> tuple[Any, Any]:
-    """(update_successful, grad_norm) from an optimizer step's result."""
-    if isinstance(result, tuple) and len(result) >= 2:
-        return result[0], result[1]
-    return result, None
-
-
-def _assert_between_steps() -> None:
-    """A restore runs between iterations: no schedule (so no P2P / all-to-all transfer of
-    pp_rdma or moe_ep_overlap) may be in flight in this thread."""
-    from titan_plugins import train_step
-
-    running = train_step.current_step()
-    if running is not None:
-        raise RewindError(
-            f"rewind: refusing to restore inside a running {running.schedule} schedule call "
-            "(transfers may be in flight); the optimizer step must follow forward_backward"
-        )
-
-
-def drop_batches(train: Any, steps: int) -> int:
-    """Advance the step's data iterator(s) by ``steps`` steps of microbatches; returns how many
-    microbatches were dropped per iterator (fewer when an iterator ends)."""
-    if train is None:
-        return 0
-    iterators = train.kwargs.get("data_iterator")
-    if not isinstance(iterators, list | tuple):
-        iterators = [iterators]
-    want = steps * max(train.num_microbatches, 1)
-    dropped = 0
-    for iterator in iterators:
-        if iterator is None:
-            continue
-        count = 0
-        try:
-            for _ in range(want):
-                next(iterator)
-                count += 1
-        except StopIteration:
-            log.warning("rewind: the data iterator ended after dropping %d microbatches", count)
-        dropped = max(dropped, count)
-    return dropped
 
 
 _CURRENT: list[Rewinder] = []

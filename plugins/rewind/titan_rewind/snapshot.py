@@ -83,6 +83,7 @@ class Slot:
 
     step: int = -1
     healthy_after: int = 0
+    mark: int = 0  # the owner's counter at capture (rewind: microbatches read so far)
     taken_at: float = 0.0
     host: list[torch.Tensor] = field(default_factory=list)
     signature: list[Any] = field(default_factory=list)

@@ -35,9 +35,10 @@ class SnapshotStore:
         self.capture_seconds = 0.0
 
     # ------------------------------------------------------------------ schedule
-    def on_healthy_step(self, step: int, chunks: list[Any], optimizer: Any) -> bool:
+    def on_healthy_step(self, step: int, chunks: list[Any], optimizer: Any, mark: int = 0) -> bool:
         """Count a healthy step: age the pending snapshot (promote it once stable) and take a
-        new one when due. Returns whether a snapshot was taken."""
+        new one when due, labelled ``step`` and carrying the caller's counter ``mark`` (the
+        microbatches read so far). Returns whether a snapshot was taken."""
         self.since_snapshot += 1
         for slot in (self.stable, self.pending):
             if not slot.empty:
@@ -51,6 +52,7 @@ class SnapshotStore:
         if not self._fits(chunks, optimizer):
             return False
         self.snapshotter.capture(self.pending, step, chunks, optimizer)
+        self.pending.mark = mark
         self.capture_seconds += self.pending.capture_seconds
         self.since_snapshot = 0
         self.taken += 1
