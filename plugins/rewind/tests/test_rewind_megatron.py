@@ -337,6 +337,8 @@ def escalate_task() -> dict[str, Any]:
     """NaNs at steps 4, 6 and 8, each within 3 steps of the previous rewind."""
     from titan_rewind import RewindError
 
+    from titan_plugins import active_manager
+
     chunks, optimizer = build({})
     data = Stream()
     error = ""
@@ -346,7 +348,17 @@ def escalate_task() -> dict[str, Any]:
         except RewindError as err:
             error = str(err)
         effect = _effect()
-    return {"error": error, "events": effect["events"], "consumed": data.consumed}
+        (effects,) = [
+            impl.function()
+            for impl in active_manager().hook.titan_effects.get_hookimpls()
+            if impl.plugin_name == "rewind"
+        ]
+    return {
+        "error": error,
+        "events": effect["events"],
+        "consumed": data.consumed,
+        "effects": effects,
+    }
 
 
 def test_repeated_faults_escalate_then_raise(gloo_pool1):
@@ -362,6 +374,14 @@ def test_repeated_faults_escalate_then_raise(gloo_pool1):
     assert "steps 4, 6, 8" in result["error"] and "TITAN_REWIND_MAX_REWINDS" in result["error"]
     # Steps 0..8 read their batches; escalation dropped 4 more.
     assert result["consumed"] == 9 * NMB + 2 * NMB
+    effects = result["effects"]  # titan_effects: flat numbers for the demo's table
+    assert {k: effects[k] for k in ("steps_checked", "rewinds", "last_rewind_step")} == {
+        "steps_checked": 9,
+        "rewinds": 2,
+        "last_rewind_step": 6,
+    }
+    assert effects["microbatches_skipped"] == (2 + 4) * NMB
+    assert effects["extra_microbatches_dropped"] == 2 * NMB and effects["host_bytes"] > 0
 
 
 # ------------------------------------------------------------------------------ no false positive

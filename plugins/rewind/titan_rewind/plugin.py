@@ -81,6 +81,13 @@ def titan_report() -> dict[str, Any]:
 
 
 @hookimpl
+def titan_effects() -> dict[str, Any]:
+    """Rewinds, snapshots, host bytes, batches skipped in this process (flat numbers)."""
+    rewinder = _runtime.current()
+    return rewinder.effects() if rewinder is not None else {}
+
+
+@hookimpl
 def titan_doctor() -> list:
     """Host budget against this machine's memory (and, once training ran, the model size)."""
     from titan_rewind.doctor import checks

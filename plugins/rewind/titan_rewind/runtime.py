@@ -229,6 +229,27 @@ class Rewinder:
             (log.warning if _rank() == 0 else log.debug)(message)
 
     # ------------------------------------------------------------------ reporting
+    def effects(self) -> dict[str, int | float]:
+        """Flat numbers of what happened in this process (``titan_effects``; empty before the
+        first step)."""
+        if not self.steps_checked:
+            return {}
+        store = self._store
+        out: dict[str, int | float] = {
+            "steps_checked": self.steps_checked,
+            "rewinds": len(self.events),
+            "snapshots_taken": store.taken if store is not None else 0,
+            "snapshots_held": len(store.held()) if store is not None else 0,
+            "host_bytes": store.host_bytes() if store is not None else 0,
+            "microbatches_skipped": sum(e.microbatches_skipped for e in self.events),
+            "extra_microbatches_dropped": sum(e.extra_microbatches_dropped for e in self.events),
+            "restore_ms": round(sum(e.seconds for e in self.events) * 1e3, 3),
+        }
+        if self.events:
+            out["last_rewind_step"] = self.events[-1].step
+            out["last_restored_step"] = self.events[-1].snapshot_step
+        return out
+
     def effect(self) -> dict[str, Any]:
         """This rank's numbers for the demo's after-training table and ``titan_report``."""
         store = self._store
