@@ -118,3 +118,13 @@ def test_warns_once_when_megatrons_nan_check_would_stop_the_run(caplog):
     caplog.clear()
     quiet.after_train_step(step, [])
     assert not caplog.records
+
+
+def test_a_gather_inside_the_optimizer_step_turns_snapshots_off():
+    from types import SimpleNamespace
+
+    from titan_rewind.loop import unsupported
+
+    racing = SimpleNamespace(config=SimpleNamespace(overlap_param_gather_with_optimizer_step=True))
+    assert "overlap_param_gather_with_optimizer_step is on" in unsupported(racing)
+    assert unsupported(SimpleNamespace(config=SimpleNamespace())) == ""

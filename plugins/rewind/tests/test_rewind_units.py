@@ -249,14 +249,14 @@ def test_store_keeps_a_stable_and_a_pending_snapshot():
     assert slot.step == 3 and store.pending.empty and store.rollback_target().step == 3
 
 
-def test_store_over_budget_takes_no_snapshot_and_says_why():
+def test_store_no_snapshot_takes_no_snapshot_and_says_why():
     model, optimizer = make_model()
     train_one(model, optimizer, 0)
     store = SnapshotStore(interval=1, stable_after=1, budget=100)
     assert not store.on_healthy_step(0, [model], optimizer)
     assert store.rollback_target() is None and store.host_bytes() == 0
-    assert "over the budget of 100" in store.over_budget
-    assert "TITAN_REWIND_MAX_HOST_BYTES" in store.over_budget
+    assert "over the budget of 100" in store.no_snapshot
+    assert "TITAN_REWIND_MAX_HOST_BYTES" in store.no_snapshot
 
 
 # ------------------------------------------------------------------------------ injection

@@ -47,6 +47,23 @@ def assert_between_steps() -> None:
         )
 
 
+def unsupported(optimizer: Any) -> str:
+    """Why this optimizer setup cannot be restored safely, or ``""``.
+
+    ``overlap_param_gather_with_optimizer_step`` starts the first parameter all-gather inside
+    the optimizer step: a restore right after it would race that gather, and the gathered
+    (pre-restore) shards would be used by the next forward.
+    """
+    config = getattr(optimizer, "config", None)
+    if getattr(config, "overlap_param_gather_with_optimizer_step", False):
+        return (
+            "rewind: overlap_param_gather_with_optimizer_step is on: the parameter all-gather it "
+            "starts inside the optimizer step would race a restore, so no snapshot is taken "
+            "(turn it off to use rewind)"
+        )
+    return ""
+
+
 def drop_batches(train: Any, steps: int) -> int:
     """Advance the step's data iterator(s) by ``steps`` steps of microbatches; returns how many
     microbatches were dropped per iterator (fewer when an iterator ends)."""

@@ -70,6 +70,7 @@ class Rewinder:
         self.microbatches_read = 0  # by this process's training calls since activation
         self._warned: set[str] = set()
         self._megatron_checked = False
+        self._optimizer_checked = False
 
     @property
     def store(self) -> SnapshotStore:
@@ -122,12 +123,15 @@ class Rewinder:
         if signals.nonfinite_loss or signals.nonfinite_grad:
             return  # the nonfinite check is off: not healthy, not acted on
         self.detector.accept(signals)
+        if not self._optimizer_checked:
+            self._optimizer_checked = True
+            self.store.no_snapshot = loop.unsupported(opt_step.optimizer)
         if not chunks:
             self._warn_once("no_model", "rewind: no model chunks known; no snapshot is taken")
             return
         self.store.on_healthy_step(index, chunks, opt_step.optimizer, self.microbatches_read)
-        if self.store.over_budget:
-            self._warn_once("budget", self.store.over_budget)
+        if self.store.no_snapshot:
+            self._warn_once("no_snapshot", self.store.no_snapshot)
 
     # ------------------------------------------------------------------ rollback
     def _rewind(
@@ -148,7 +152,7 @@ class Rewinder:
             )
         target = self.store.rollback_target()
         if target is None:
-            why = self.store.over_budget or (
+            why = self.store.no_snapshot or (
                 f"no snapshot has had {self.config.stable_after} healthy steps after it yet"
             )
             message = (

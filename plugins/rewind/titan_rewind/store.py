@@ -30,7 +30,7 @@ class SnapshotStore:
         self.snapshotter = Snapshotter()
         self.since_snapshot = 0  # healthy steps since the last snapshot (or restore)
         self.taken = 0
-        self.over_budget: str = ""  # the warning, once the plan did not fit
+        self.no_snapshot: str = ""  # why no snapshot is taken (over budget, unsupported setup)
         self.planned: int = 0  # host bytes of one snapshot (0 until first planned)
         self.capture_seconds = 0.0
 
@@ -47,7 +47,7 @@ class SnapshotStore:
             self.stable, self.pending = self.pending, self.stable
             self.pending.clear()
         due = self.taken == 0 or self.since_snapshot >= self.interval
-        if not due or not self.pending.empty or self.over_budget:
+        if not due or not self.pending.empty or self.no_snapshot:
             return False
         if not self._fits(chunks, optimizer):
             return False
@@ -64,7 +64,7 @@ class SnapshotStore:
         need = 2 * self.planned
         if need <= self.budget:
             return True
-        self.over_budget = (
+        self.no_snapshot = (
             f"rewind: two snapshots of this rank need {format_bytes(need)} ({need} bytes) of "
             f"host memory, over the budget of {format_bytes(self.budget)}; no snapshot is "
             "taken, so a fault cannot be rolled back. Raise TITAN_REWIND_MAX_HOST_BYTES (or "
@@ -119,5 +119,5 @@ class SnapshotStore:
             "bytes_per_snapshot": self.planned,
             "host_budget": self.budget,
             "capture_s": round(self.capture_seconds, 6),
-            "over_budget": self.over_budget or None,
+            "no_snapshot": self.no_snapshot or None,
         }
