@@ -2,18 +2,19 @@
 time to rewind, against the plugin off in the same run.
 
 1. ``cpu``: the tiny MoE GPT (hidden 256, 4 experts, seq 64, 4 microbatches, fp32, Adam) through
-   megatron-core's schedules in one gloo worker. Modes, each a block of ``--block`` steps under
-   its own activation (so a block of 100 holds 100/N snapshots, the steady-state rate): plugin
-   off, detection only (no snapshot: budget 1 byte), and snapshots every N = 100, 10, 1 steps
-   (``STABLE_AFTER=1``, so the interval is exactly N). Rounds alternate the modes; the median
-   over rounds of each block's mean step time is compared with the plugin off.
+   megatron-core's schedules in one gloo worker. Modes: plugin off, detection only (no snapshot:
+   budget 1 byte), and snapshots every N = 100, 10, 1 steps (``STABLE_AFTER=1``, so the interval
+   is exactly N), each on its own model replica and state machine, interleaved step by step (a
+   shared machine's load drifts hit every mode alike). Overhead at N = detection (median of the
+   paired detect - off step times) + one snapshot (median capture time, from N = 1) / N, over
+   the median step time off; the direct ratio of mean step times is printed beside it.
    Goal: <= 1.02x at N = 10. Then host bytes per snapshot against the parameter + optimizer
-   bytes counted independently, and the time of a rewind (NaNs injected, median).
+   bytes counted independently, and the time of a restore (median of 5).
 2. ``gpu``: a bf16 MLP stack with fp32 masters and torch Adam on CUDA, snapshotted through the
    same Snapshotter (pinned host buffers, side stream, fenced before the update): step time at
    N = 10 and 1 vs off, bytes, restore time. Needs CUDA; ``--gpu-smoke`` runs it tiny on CPU.
 
-Usage: python benchmarks/rewind.py [--section cpu|gpu|all] [--rounds 3] [--block 100] [--force]
+Usage: python benchmarks/rewind.py [--section cpu|gpu|all] [--steps 200] [--rounds 3] [--force]
 """
 
 from __future__ import annotations
@@ -32,47 +33,67 @@ SIZE = dict(hidden_size=256, ffn_hidden_size=512, num_attention_heads=8, num_lay
 NMB = 4
 
 
-def _env(mode: str) -> dict[str, str] | None:
-    if mode == "off":
-        return None
-    env = {"TITAN_REWIND_STABLE_AFTER": "1"}
-    if mode == "detect":
-        env["TITAN_REWIND_MAX_HOST_BYTES"] = "1"
-    else:
-        env["TITAN_REWIND_INTERVAL"] = mode[2:]
-    return env
-
-
 # ----- 1. CPU (one gloo worker) ----------------------------------------------------------------
-def cpu_task(rounds: int, block: int) -> dict[str, Any]:
-    """Block means per mode, bytes, and rewind times, on this worker."""
-    import contextlib
+def _config(mode: str) -> Any:
+    from titan_rewind.config import RewindConfig
 
-    import titan_rewind
+    if mode == "detect":  # a 1-byte budget: checks run, no snapshot is ever taken
+        return RewindConfig(stable_after=1, max_host_bytes=1)
+    return RewindConfig(interval=int(mode[2:]), stable_after=1)
 
+
+def cpu_task(steps: int) -> dict[str, Any]:
+    """Per-step times of every mode, interleaved step by step, plus bytes and restore times.
+
+    One activation holds the plugin; each mode trains its own replica of the model (same
+    initial weights) under its own persistent state machine, so each keeps its snapshot
+    schedule while the modes alternate every step. "off" unregisters the plugin for its step:
+    the core then calls megatron directly, as when the plugin is not installed.
+    """
+    from titan_rewind import runtime
+    from titan_rewind.runtime import Rewinder
+
+    from titan_plugins import active_manager
     from titan_plugins.testing import plugin_active, tiny_gpt
 
     logging.getLogger("titan_plugins").setLevel(logging.ERROR)  # detect mode warns on budget
     tiny_gpt.SEQ = 64
-    tiny_gpt.init_parallel()
-    cfg = tiny_gpt.make_config(**SIZE)
-    chunks = tiny_gpt.build_model(cfg)
-    optimizer = tiny_gpt.make_optimizer(chunks, cfg)
-    tiny_gpt.train(chunks, cfg, 3, NMB, optimizer=optimizer)  # warm-up (allocates Adam state)
-    means: dict[str, list[float]] = {mode: [] for mode in MODES}
-    captures: list[float] = []
-    for _ in range(rounds):
-        for mode in MODES:
-            env = _env(mode)
-            context = plugin_active("rewind", env) if env else contextlib.nullcontext()
-            with context:
+    replicas = {}
+    for mode in MODES:
+        tiny_gpt.init_parallel()
+        cfg = tiny_gpt.make_config(**SIZE)
+        chunks = tiny_gpt.build_model(cfg)
+        replicas[mode] = (chunks, cfg, tiny_gpt.make_optimizer(chunks, cfg))
+    rewinders = {mode: Rewinder(_config(mode)) for mode in MODES if mode != "off"}
+    times: dict[str, list[float]] = {mode: [] for mode in MODES}
+    with plugin_active("rewind"):
+        pm = active_manager()
+        plugin = pm.get_plugin("rewind")
+        for index in range(steps + 3):
+            shift = index % len(MODES)  # rotate the order: no mode always runs first
+            for mode in MODES[shift:] + MODES[:shift]:
+                registered = pm.get_plugin("rewind") is not None
+                if mode == "off" and registered:
+                    pm.unregister(name="rewind")
+                elif mode != "off":
+                    if not registered:
+                        pm.register(plugin, name="rewind")
+                    runtime._CURRENT[:] = [rewinders[mode]]
+                chunks, cfg, optimizer = replicas[mode]
                 start = time.perf_counter()
-                tiny_gpt.train(chunks, cfg, block, NMB, optimizer=optimizer)
-                means[mode].append((time.perf_counter() - start) / block)
-                if env and mode != "detect":
-                    effect = titan_rewind.effect()
-                    captures.append(effect["capture_s"] / max(effect["snapshots_taken"], 1))
-                    planned = effect["bytes_per_snapshot"]
+                tiny_gpt.train(chunks, cfg, 1, NMB, optimizer=optimizer)
+                if index >= 3:  # the first rounds warm up (Adam state, host buffers)
+                    times[mode].append(time.perf_counter() - start)
+        if pm.get_plugin("rewind") is None:
+            pm.register(plugin, name="rewind")
+        chunks, cfg, optimizer = replicas["N=10"]
+        store = rewinders["N=10"].store
+        restores = []
+        for _ in range(5):
+            start = time.perf_counter()
+            store.restore(chunks, optimizer)
+            restores.append(time.perf_counter() - start)
+    captures = list(rewinders["N=1"].store.recent_captures)
     # Independent count: every parameter, and every tensor of the torch optimizers' state.
     param_bytes = sum(p.numel() * p.element_size() for c in chunks for p in c.parameters())
     state_bytes = 0
@@ -81,21 +102,15 @@ def cpu_task(rounds: int, block: int) -> dict[str, Any]:
             state_bytes += sum(
                 v.numel() * v.element_size() for v in values.values() if hasattr(v, "numel")
             )
-    env = {"TITAN_REWIND_STABLE_AFTER": "1", "TITAN_REWIND_INTERVAL": "10"}
-    env["TITAN_REWIND_INJECT_NAN_STEP"] = "15,35,55"
-    env["TITAN_REWIND_ESCALATE_WINDOW"] = "1"
-    with plugin_active("rewind", env):
-        tiny_gpt.train(chunks, cfg, 60, NMB, optimizer=optimizer)
-        events = titan_rewind.effect()["events"]
-    params = sum(p.numel() for c in chunks for p in c.parameters())
     return {
-        "means": means,
+        "times": times,
+        "taken": {mode: r.store.taken for mode, r in rewinders.items()},
         "capture_s": statistics.median(captures),
-        "planned": planned,
+        "planned": store.planned,
         "param_bytes": param_bytes,
         "state_bytes": state_bytes,
-        "params": params,
-        "rewind_s": [e["seconds"] for e in events],
+        "params": sum(p.numel() for c in chunks for p in c.parameters()),
+        "restore_s": statistics.median(restores),
     }
 
 
@@ -103,35 +118,48 @@ def cpu_section(args: argparse.Namespace) -> None:
     from titan_plugins.testing.workers import GlooWorkerPool
 
     with GlooWorkerPool(1) as pool:
-        (out,) = pool.run(cpu_task, args.rounds, args.block, timeout=3600)
-    means = out["means"]
-    base = statistics.median(means["off"])
+        (out,) = pool.run(cpu_task, args.steps, timeout=3600)
+    times = out["times"]
+    off = statistics.median(times["off"])
+    paired = [d - o for d, o in zip(times["detect"], times["off"])]
+    detect = statistics.median(paired)
+    capture = out["capture_s"]
     print(
         f"\n[cpu] tiny MoE GPT {out['params'] / 1e6:.2f} M params (hidden 256, seq 64, "
-        f"{NMB} microbatches, fp32 + Adam), world size 1; {args.rounds} rounds x {args.block} "
-        "steps per mode; median over rounds of each block's mean step time"
+        f"{NMB} microbatches, fp32 + Adam), world size 1; {args.steps} steps per mode, "
+        "modes interleaved step by step"
+    )
+    print(f"  {'mode':7} {'median':>9} {'mean':>9} {'snapshots':>9}")
+    for mode in MODES:
+        taken = out["taken"].get(mode, 0)
+        med, mean = statistics.median(times[mode]), statistics.mean(times[mode])
+        print(f"  {mode:7} {med * 1e3:7.2f}ms {mean * 1e3:7.2f}ms {taken:>9}")
+    print(
+        f"  detection (median of paired detect - off): {detect * 1e3:+.3f} ms/step "
+        f"= {detect / off:+.2%}; one snapshot (median of {min(len(times['N=1']), 100)}): "
+        f"{capture * 1e3:.2f} ms = {capture / off:.2%} of a step"
     )
     ratios = {}
-    for mode in MODES:
-        med = statistics.median(means[mode])
-        ratios[mode] = med / base
-        spread = f"{min(means[mode]) * 1e3:.1f}-{max(means[mode]) * 1e3:.1f}"
-        print(f"  {mode:7} {med * 1e3:8.2f} ms/step  {ratios[mode]:6.3f}x  (blocks {spread} ms)")
+    for n in (100, 10, 1):
+        ratios[n] = 1 + (detect + capture / n) / off
+        mean_ratio = statistics.mean(times[f"N={n}"]) / statistics.mean(times["off"])
+        print(
+            f"  N={n:<3} overhead = detection + snapshot/N: {ratios[n]:.4f}x   "
+            f"(direct ratio of means {mean_ratio:.3f}x)"
+        )
     planned, counted = out["planned"], out["param_bytes"] + out["state_bytes"]
     print(
-        f"  capture (median): {out['capture_s'] * 1e3:.2f} ms per snapshot; "
-        f"{planned / 2**20:.2f} MiB per snapshot = {planned / counted:.3f}x the parameter + "
-        f"optimizer bytes ({out['param_bytes'] / 2**20:.2f} + {out['state_bytes'] / 2**20:.2f} "
-        f"MiB); two snapshots held: {2 * planned / 2**20:.2f} MiB"
+        f"  host bytes per snapshot: {planned / 2**20:.2f} MiB = {planned / counted:.3f}x the "
+        f"parameter + optimizer bytes ({out['param_bytes'] / 2**20:.2f} + "
+        f"{out['state_bytes'] / 2**20:.2f} MiB); two snapshots held: {2 * planned / 2**20:.2f} MiB"
     )
-    rewinds = out["rewind_s"]
+    restore = out["restore_s"]
     print(
-        f"  rewind (restore of the stable snapshot, {len(rewinds)} NaNs): median "
-        f"{statistics.median(rewinds) * 1e3:.2f} ms = {statistics.median(rewinds) / base:.2f} steps"
+        f"  rewind (restore of the stable snapshot, median of 5): {restore * 1e3:.2f} ms "
+        f"= {restore / off:.2f} steps"
     )
     print(
-        f"  goal: N=10 <= 1.02x of off: {ratios['N=10']:.3f}x -> "
-        f"{loadguard.verdict(ratios['N=10'] <= 1.02, args)}"
+        f"  goal: N=10 <= 1.02x: {ratios[10]:.4f}x -> {loadguard.verdict(ratios[10] <= 1.02, args)}"
     )
 
 
@@ -244,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--section", choices=("cpu", "gpu", "all"), default="all")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per mode")
-    parser.add_argument("--block", type=int, default=100, help="steps per mode and round [cpu]")
+    parser.add_argument("--steps", type=int, default=200, help="timed steps per mode [cpu]")
     parser.add_argument("--gpu-smoke", action="store_true", help="run [gpu] tiny on CPU")
     loadguard.add_arguments(parser)
     args = parser.parse_args(argv)

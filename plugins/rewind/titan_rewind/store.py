@@ -10,7 +10,9 @@ waits: the store never holds more than two, and never drops its only stable snap
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from typing import Any
 
 from titan_plugins.settings import format_bytes
@@ -33,6 +35,7 @@ class SnapshotStore:
         self.no_snapshot: str = ""  # why no snapshot is taken (over budget, unsupported setup)
         self.planned: int = 0  # host bytes of one snapshot (0 until first planned)
         self.capture_seconds = 0.0
+        self.recent_captures: deque[float] = deque(maxlen=100)  # seconds of the last captures
 
     # ------------------------------------------------------------------ schedule
     def on_healthy_step(self, step: int, chunks: list[Any], optimizer: Any, mark: int = 0) -> bool:
@@ -54,6 +57,7 @@ class SnapshotStore:
         self.snapshotter.capture(self.pending, step, chunks, optimizer)
         self.pending.mark = mark
         self.capture_seconds += self.pending.capture_seconds
+        self.recent_captures.append(self.pending.capture_seconds)
         self.since_snapshot = 0
         self.taken += 1
         return True
@@ -119,5 +123,8 @@ class SnapshotStore:
             "bytes_per_snapshot": self.planned,
             "host_budget": self.budget,
             "capture_s": round(self.capture_seconds, 6),
+            "capture_ms_median": round(statistics.median(self.recent_captures) * 1e3, 3)
+            if self.recent_captures
+            else None,
             "no_snapshot": self.no_snapshot or None,
         }
