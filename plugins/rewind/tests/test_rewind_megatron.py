@@ -15,6 +15,7 @@ workers with rewind on; faults are injected and the rollback is checked against 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -367,6 +368,8 @@ def test_repeated_faults_escalate_then_raise(gloo_pool1):
     # Snapshots after steps 0 and 2 (stable after step 3): both rewinds restore step 2's.
     assert (first["step"], first["level"], first["snapshot_step"]) == (4, 1, 2)
     assert first["extra_microbatches_dropped"] == 0
+    assert first["value"] == "nan"  # non-finite values as text: reports stay strict JSON
+    json.dumps(result["events"], allow_nan=False)
     # Level 2 also drops ESCALATE_SKIP (2) steps of batches from the data iterator.
     assert (second["step"], second["level"], second["snapshot_step"]) == (6, 2, 2)
     assert second["extra_microbatches_dropped"] == 2 * NMB

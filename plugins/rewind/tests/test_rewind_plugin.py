@@ -47,7 +47,7 @@ def test_activation_starts_a_fresh_state_machine_and_reports_it():
         assert rewinder.config.interval == 3 and rewinder.config.detect == ("loss",)
         report = titan_rewind.effect()
         assert report["active"] and report["rewinds"] == 0 and report["snapshots"] == []
-        json.dumps(report)  # JSON-serialisable for report --json and the demo's table
+        json.dumps(report, allow_nan=False)  # strict JSON for report --json and the demo
     with plugin_active("rewind"):
         assert runtime.current() is not rewinder and runtime.current().config.interval == 10
 

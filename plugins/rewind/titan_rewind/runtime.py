@@ -14,6 +14,7 @@ Order inside one training iteration (all on the core's hooks, no patch of our ow
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -262,7 +263,7 @@ class Rewinder:
         return {
             "steps_checked": self.steps_checked,
             "rewinds": len(self.events),
-            "events": [asdict(e) for e in self.events],
+            "events": [_jsonable(asdict(e)) for e in self.events],
             "unhandled_triggers": list(self.unhandled),
             "skipped_by_loss_scaler": self.steps_skipped_by_scaler,
             "stable_snapshot_step": None if stable is None else stable.step,
@@ -273,6 +274,13 @@ class Rewinder:
 
 
 _CURRENT: list[Rewinder] = []
+
+
+def _jsonable(event: dict[str, Any]) -> dict[str, Any]:
+    """NaN / Inf values as text (``"nan"``), so reports stay strict JSON."""
+    return {
+        k: repr(v) if isinstance(v, float) and not math.isfinite(v) else v for k, v in event.items()
+    }
 
 
 def start(config: RewindConfig) -> Rewinder:
