@@ -1,0 +1,95 @@
+"""Hook implementations of ``rewind`` (entry point ``titan_plugins: rewind``).
+
+No patch of its own: the core's training-loop hooks give the loss (``titan_train_step``), the
+grad norm and the moment between iterations (``titan_optimizer_step``), and the microbatch
+forward for the test-only fault injection (``titan_forward_microbatch``). Never imports megatron
+at module level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from titan_plugins import hookimpl
+from titan_rewind import inject
+from titan_rewind import runtime as _runtime
+from titan_rewind.settings import SETTINGS
+
+
+@hookimpl
+def titan_register_patches(register: Callable[[Any], None]) -> None:
+    """Nothing to patch; start this activation's state machine (knobs are read now)."""
+    from titan_rewind.config import RewindConfig
+
+    _runtime.start(RewindConfig.from_env())
+
+
+@hookimpl
+def titan_settings() -> list:
+    """The ``TITAN_REWIND_*`` knobs."""
+    return list(SETTINGS)
+
+
+@hookimpl(wrapper=True)
+def titan_train_step(step: Any) -> Any:
+    """Keep this rank's loss of each training call (last pipeline stage)."""
+    result = yield
+    rewinder = _runtime.current()
+    if rewinder is not None and not step.forward_only:
+        rewinder.after_train_step(step, result)
+    return result
+
+
+@hookimpl(wrapper=True)
+def titan_optimizer_step(step: Any) -> Any:
+    """Fence snapshot copies before the update; judge the step and snapshot or roll back
+    after it (every rank decides the same)."""
+    rewinder = _runtime.current()
+    if rewinder is not None:
+        rewinder.before_optimizer_step()
+    result = yield
+    if rewinder is not None:
+        rewinder.after_optimizer_step(step, result)
+    return result
+
+
+@hookimpl(wrapper=True)
+def titan_forward_microbatch(call: Any) -> Any:
+    """TEST ONLY: NaN injection (``TITAN_REWIND_INJECT_NAN_STEP`` / ``inject.nan_at_step``)."""
+    if call.step is not None and inject.armed():
+        forward_step_func = call.arg("forward_step_func", 0)
+        poisoned = inject.poison_forward(call.step.index, forward_step_func)
+        if poisoned is not forward_step_func:
+            if "forward_step_func" in call.kwargs:
+                call.kwargs["forward_step_func"] = poisoned
+            else:
+                call.args = (poisoned, *call.args[1:])
+    return (yield)
+
+
+@hookimpl
+def titan_report() -> dict[str, Any]:
+    """Snapshots held, bytes, age, rewinds so far (see ``titan_rewind.effect``)."""
+    try:
+        rewinder = _runtime.current()
+        if rewinder is None:
+            return {"active": False}
+        return {"active": True, **rewinder.effect()}
+    except Exception as err:  # a report never breaks the caller
+        return {"active": False, "error": f"{type(err).__name__}: {err}"}
+
+
+@hookimpl
+def titan_effects() -> dict[str, Any]:
+    """Rewinds, snapshots, host bytes, batches skipped in this process (flat numbers)."""
+    rewinder = _runtime.current()
+    return rewinder.effects() if rewinder is not None else {}
+
+
+@hookimpl
+def titan_doctor() -> list:
+    """Host budget against this machine's memory (and, once training ran, the model size)."""
+    from titan_rewind.doctor import checks
+
+    return checks()
