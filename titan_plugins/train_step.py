@@ -56,16 +56,19 @@ class Call:
     :param args: positional arguments of the call.
     :param kwargs: keyword arguments of the call.
     :param state: scratch space for wrappers, keyed by plugin name.
+    :param result: what Megatron's function returned (set once the call has run).
     """
 
     function: Callable[..., Any]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     state: dict[str, Any] = field(default_factory=dict)
+    result: Any = None
 
     def run(self) -> Any:
         """Call Megatron's original function (the core's own hook implementation does this)."""
-        return self.function(*self.args, **self.kwargs)
+        self.result = self.function(*self.args, **self.kwargs)
+        return self.result
 
     def arg(self, name: str, position: int, default: Any = None) -> Any:
         """An argument by keyword or, when passed positionally, by its position."""
