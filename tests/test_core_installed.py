@@ -242,6 +242,7 @@ def test_docs_tutorial_plugin_is_listed_and_switched_off(venv):
     assert listed.returncode == 0, listed.stderr[-3000:]
     assert "- step_stats  [titan-step-stats 0.1.0]  enabled" in listed.stdout
     assert "titan_train_step" in listed.stdout and "titan_optimizer_step" in listed.stdout
+    assert "    every: 10" in listed.stdout  # its titan_report
     assert "patch step_stats.remember_layout -> megatron.core.parallel_state:" in listed.stdout
     off = run(venv, "titan-plugins", "list", env={"TITAN_STEP_STATS": "0"})
     assert off.returncode == 0, off.stderr[-3000:]

@@ -46,11 +46,17 @@ def titan_train_step(step: TrainStep) -> Any:
         STEPS["trained"] += 1
         every = LOG_EVERY.read()
         if every and STEPS["trained"] % every == 0:
-            logger.info("PLUGIN_NAME: %s", titan_report())
+            logger.info("PLUGIN_NAME: %s", titan_effects())
     return result
 
 
 @hookimpl
 def titan_report() -> dict[str, Any]:
-    """State for ``titan-plugins list`` / ``report``."""
-    return {"steps": STEPS["trained"], **patches.CALLS}
+    """State for ``titan-plugins list`` / ``report`` (JSON-serialisable)."""
+    return {"log_every": LOG_EVERY.read()}
+
+
+@hookimpl
+def titan_effects() -> dict[str, Any]:
+    """What this plugin did in this process so far (counted numbers, never configuration)."""
+    return {"training_steps": STEPS["trained"], **patches.CALLS}
