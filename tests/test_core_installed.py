@@ -237,13 +237,20 @@ def test_installed_distributions_carry_their_license_and_version(venv):
     assert all(row[3] and row[3][0].endswith(".dist-info/licenses/LICENSE") for row in rows)
 
 
-def test_docs_tutorial_plugin_is_listed_and_switched_off(venv):
+def test_docs_tutorial_plugin_is_listed_documented_and_switched_off(venv):
     listed = run(venv, "titan-plugins", "list")
     assert listed.returncode == 0, listed.stderr[-3000:]
     assert "- step_stats  [titan-step-stats 0.1.0]  enabled" in listed.stdout
     assert "titan_train_step" in listed.stdout and "titan_optimizer_step" in listed.stdout
     assert "    every: 10" in listed.stdout  # its titan_report
     assert "patch step_stats.remember_layout -> megatron.core.parallel_state:" in listed.stdout
+    documented = run(venv, "titan-plugins", "env")
+    assert documented.returncode == 0, documented.stderr[-3000:]
+    for line in (
+        "TITAN_STEP_STATS=(unset)  default 1",
+        "TITAN_STEP_STATS_EVERY=(unset)  default 10",
+    ):
+        assert line in documented.stdout
     off = run(venv, "titan-plugins", "list", env={"TITAN_STEP_STATS": "0"})
     assert off.returncode == 0, off.stderr[-3000:]
     assert "- step_stats  [titan-step-stats 0.1.0]  disabled (TITAN_STEP_STATS=0)" in off.stdout
