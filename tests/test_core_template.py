@@ -9,6 +9,7 @@ import configparser
 import importlib
 import importlib.util
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -164,3 +165,24 @@ def test_generator_output_loads_and_patches(generated, monkeypatch):
     finally:
         engine.undo()
     assert ps.initialize_model_parallel is original
+
+
+def test_generated_conftest_also_works_below_this_repositorys_root_conftest(generated, tmp_path):
+    """pytest refuses ``pytest_plugins`` in a conftest found during collection; inside the
+    repository (root conftest on top) the generated conftest must leave it to the root one."""
+    plugin_dir, _ = generated
+    for name in ("conftest.py", "pytest.ini"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    tests = tmp_path / "plugins" / NAME / "tests"
+    tests.mkdir(parents=True)
+    (tmp_path / "tests").mkdir()
+    shutil.copy(plugin_dir / "tests" / "conftest.py", tests / "conftest.py")
+    (tests / f"test_{NAME}_fixture.py").write_text("def test_pool(gloo_pool1):\n    pass\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"test_{NAME}_fixture.py::test_pool" in done.stdout
