@@ -10,10 +10,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from titan_plugins.patching import Patch
-
-# The Megatron this plugin is written against; setup.cfg's `megatron` extra says the same.
-MEGATRON_RANGE = ("megatron-core>=0.16,<0.17",)
+from titan_plugins.patching import SUPPORTED_MEGATRON, Patch
 
 CALLS = {"initialize_model_parallel": 0}
 
@@ -36,7 +33,9 @@ def patches() -> list[Patch]:
             id="PLUGIN_NAME.count_initialize_model_parallel",
             target="megatron.core.parallel_state:initialize_model_parallel",
             replace=_count_calls,
-            requires=MEGATRON_RANGE,
+            # the project's Megatron range (setup.cfg's `megatron` extra says the same); add
+            # signature=Signature(...) for what a replacement relies on (docs/core-api.md)
+            requires=SUPPORTED_MEGATRON,
             rationale="example: count model-parallel initialisations (replace with yours)",
             upstream="megatron/core/parallel_state.py initialize_model_parallel",
             remove_when="when upstream makes the patch unnecessary (say which release)",
