@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from titan_plugins.patching import SUPPORTED_MEGATRON, Patch
+from titan_plugins.patching import SUPPORTED_MEGATRON, Patch, Signature
 
 CALLS = {"initialize_model_parallel": 0}
 
@@ -33,9 +33,12 @@ def patches() -> list[Patch]:
             id="PLUGIN_NAME.count_initialize_model_parallel",
             target="megatron.core.parallel_state:initialize_model_parallel",
             replace=_count_calls,
-            # the project's Megatron range (setup.cfg's `megatron` extra says the same); add
-            # signature=Signature(...) for what a replacement relies on (docs/core-api.md)
+            # the project's Megatron range (setup.cfg's `megatron` extra says the same)
             requires=SUPPORTED_MEGATRON,
+            # what the replacement relies on in the imported code, checked before it is applied:
+            # this one only forwards, so just that the target exists; list the params / attrs /
+            # source fragments yours uses (docs/core-api.md, Patch records)
+            signature=Signature(),
             rationale="example: count model-parallel initialisations (replace with yours)",
             upstream="megatron/core/parallel_state.py initialize_model_parallel",
             remove_when="when upstream makes the patch unnecessary (say which release)",
