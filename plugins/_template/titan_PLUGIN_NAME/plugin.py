@@ -1,49 +1,62 @@
-"""Hook implementations of PLUGIN_NAME (the entry-point target). Never import megatron here:
-patch factories run when their target module has executed."""
+"""Hook implementations of PLUGIN_NAME: the entry-point target (``setup.cfg``).
+
+The core imports this module when it activates the plugin, i.e. at the first ``import
+megatron``: keep it cheap, and never import megatron or torch here.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from titan_plugins import hookimpl
-from titan_plugins.patching import SUPPORTED_MEGATRON, Patch
-from titan_plugins.settings import Setting
 
+from . import patches
+from .settings import LOG_EVERY, SETTINGS
 
-def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Replacement factory: receives the current value, returns the replacement."""
+if TYPE_CHECKING:
+    from titan_plugins.patching import Patch
+    from titan_plugins.settings import Setting
+    from titan_plugins.train_step import TrainStep
 
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return original(*args, **kwargs)
-
-    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
-    return wrapper
+# A child of the core's logger: shown at INFO when the host logs INFO or TITAN_PLUGINS_DEBUG=1.
+logger = logging.getLogger("titan_plugins.PLUGIN_NAME")
+STEPS = {"trained": 0}
 
 
 @hookimpl
 def titan_register_patches(register: Callable[[Patch], None]) -> None:
-    """Declare this plugin's patches (target where the name is used)."""
-    register(
-        Patch(
-            id="PLUGIN_NAME.example",
-            target="megatron.core.parallel_state:initialize_model_parallel",
-            replace=_wrap,
-            requires=SUPPORTED_MEGATRON,
-            rationale="why this patch exists",
-            upstream="the upstream code it changes",
-            remove_when="when upstream makes it unnecessary",
-        )
-    )
+    """Declare this plugin's patches."""
+    for patch in patches.patches():
+        register(patch)
 
 
 @hookimpl
 def titan_settings() -> list[Setting]:
-    """This plugin's knobs."""
-    return []
+    """This plugin's knobs (validated by the core at activation)."""
+    return SETTINGS
+
+
+@hookimpl(wrapper=True)
+def titan_train_step(step: TrainStep) -> Any:
+    """Around each call of Megatron's forward-backward schedule: count the training steps."""
+    result = yield  # Megatron's schedule runs here (and any other plugin's wrapper)
+    if not step.forward_only:
+        STEPS["trained"] += 1
+        every = LOG_EVERY.read()
+        if every and STEPS["trained"] % every == 0:
+            logger.info("PLUGIN_NAME: %s", titan_effects())
+    return result
 
 
 @hookimpl
 def titan_report() -> dict[str, Any]:
-    """State for `titan-plugins list`."""
-    return {}
+    """State for ``titan-plugins list`` / ``report`` (JSON-serialisable)."""
+    return {"log_every": LOG_EVERY.read()}
+
+
+@hookimpl
+def titan_effects() -> dict[str, Any]:
+    """What this plugin did in this process so far (counted numbers, never configuration)."""
+    return {"training_steps": STEPS["trained"], **patches.CALLS}

@@ -1,3 +1,3 @@
 """Schedule-aware activation offload (titan plugin ``act_offload``)."""
 
-__version__ = "0.1.0"
+from titan_act_offload.version import __version__ as __version__

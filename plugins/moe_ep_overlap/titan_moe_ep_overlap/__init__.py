@@ -5,4 +5,4 @@
 layer's all-to-alls with expert compute.
 """
 
-__version__ = "0.1.0"
+from titan_moe_ep_overlap.version import __version__ as __version__

@@ -1,3 +1,3 @@
 """titan-pp-rdma: megatron-core pipeline P2P over Mooncake Transfer Engine (torch fallback)."""
 
-__version__ = "0.1.0"
+from titan_pp_rdma.version import __version__ as __version__

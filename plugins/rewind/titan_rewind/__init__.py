@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from titan_rewind.errors import RewindError
+from titan_rewind.version import __version__
 
-__all__ = ["RewindError", "effect"]
+__all__ = ["RewindError", "__version__", "effect"]
 
 
 def effect() -> dict[str, Any]:

@@ -1,3 +1,3 @@
 """titan-trace-analysis: capture per-rank Kineto traces in unmodified Megatron, analyse them."""
 
-__version__ = "0.1.0"
+from titan_trace_analysis.version import __version__ as __version__

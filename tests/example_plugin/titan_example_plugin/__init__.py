@@ -1,5 +1,6 @@
 """Example plugin: marks ``megatron.core.parallel_state.initialize_model_parallel`` and
-implements every Titan hook, so tests can see each channel and hook do its job."""
+implements every Titan hook except the training-loop wrappers (tests/test_core_hooks.py wraps
+those), so tests can see each channel and hook do its job. Its knob is a typed Setting."""
 
 from __future__ import annotations
 
@@ -10,11 +11,15 @@ from typing import Any
 from titan_plugins import hookimpl
 from titan_plugins.doctor import OK, Check
 from titan_plugins.patching import Patch
-from titan_plugins.settings import Setting, env_choice
+from titan_plugins.settings import Setting
 
 CALLS: list[str] = []
 SEEN_CONFIGS: list[Any] = []
 MARK = "_titan_example"
+GREETING = Setting(
+    "TITAN_EXAMPLE_GREETING", str, "hello", "What titan_report says.", choices=("hello", "hi")
+)
+SETTINGS = [GREETING]
 
 
 def _mark(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -46,7 +51,7 @@ def titan_register_patches(register: Callable[[Patch], None]) -> None:
 @hookimpl
 def titan_settings() -> list[Setting]:
     """One knob, to show declared settings in ``titan-plugins env``."""
-    return [Setting("TITAN_EXAMPLE_GREETING", "hello", "What titan_report says.", ("hello", "hi"))]
+    return SETTINGS
 
 
 @hookimpl
@@ -77,7 +82,7 @@ def titan_p2p_communicator(config: Any) -> Any:
 def titan_report() -> dict[str, Any]:
     """State for ``titan-plugins list``."""
     return {
-        "greeting": env_choice("TITAN_EXAMPLE_GREETING", ("hello", "hi"), "hello"),
+        "greeting": GREETING.read(),
         "calls": len(CALLS),
     }
 
