@@ -160,9 +160,9 @@ def emulate_stage(
 ) -> tuple[float, int]:
     """1F1B stage 0 of PP=4 with 8 microbatches on MLP blocks; median step s, peak bytes."""
     import torch
-    from titan_act_offload.config import OffloadConfig
     from titan_act_offload.offloader import Offloader
     from titan_act_offload.plan import ONE_F_ONE_B, build_plan, schedule_events
+    from titan_act_offload.settings import OffloadSettings
 
     from titan_plugins import platform
 
@@ -178,8 +178,7 @@ def emulate_stage(
     ]
     params = [p for b in blocks for p in b.parameters()]
     plan = build_plan(schedule_events(ONE_F_ONE_B, 4, 0, 8), min_gap=1)
-    min_bytes = 1 << 16 if device == "cuda" else 0
-    off = Offloader(OffloadConfig(min_bytes=min_bytes), platform) if offload else None
+    off = Offloader(OffloadSettings(), platform) if offload else None  # the plugin's defaults
     if off is not None:
         off.param_storages = frozenset(p.untyped_storage().data_ptr() for p in params)
     x = torch.randn(tokens, hidden, device=device, dtype=dtype, requires_grad=True)

@@ -7,9 +7,9 @@ import logging
 
 import pytest
 import torch
-from titan_act_offload.config import OffloadConfig
 from titan_act_offload.offloader import Offloader
 from titan_act_offload.plan import Unit
+from titan_act_offload.settings import OffloadSettings
 
 from titan_plugins import platform
 
@@ -64,8 +64,8 @@ def run(model, offloader: Offloader | None, offload: bool, microbatches: int = 3
 
 
 def make_offloader(model, **overrides) -> Offloader:
-    config = OffloadConfig(**{"min_bytes": 0, **overrides})
-    offloader = Offloader(config, platform)
+    settings = OffloadSettings(**{"min_bytes": 0, **overrides})
+    offloader = Offloader(settings, platform)
     offloader.param_storages = frozenset(p.untyped_storage().data_ptr() for p in model.parameters())
     return offloader
 
@@ -152,29 +152,57 @@ def test_offload_engine_host_budget_keeps_on_device_with_warning(caplog):
     assert off.stats.offloaded_bytes + off.stats.kept_over_budget_bytes == 3 * UNIT_BYTES
 
 
-def test_offload_config_reads_env(monkeypatch):
-    monkeypatch.setenv("TITAN_ACT_OFFLOAD_MODULES", "attention,experts,bogus")
+def test_offload_settings_read_env(monkeypatch):
+    monkeypatch.setenv("TITAN_ACT_OFFLOAD_MODULES", "attention,experts")
     monkeypatch.setenv("TITAN_ACT_OFFLOAD_MAX_HOST_BYTES", "512M")
     monkeypatch.setenv("TITAN_ACT_OFFLOAD_MIN_GAP", "0")
-    config = OffloadConfig.from_env()
-    assert config.modules == ("attention", "experts")
-    assert config.max_host_bytes == 512 << 20 and config.min_gap == 0
+    settings = OffloadSettings.from_env()
+    assert settings.modules == ("attention", "experts")
+    assert settings.max_host_bytes == 512 << 20 and settings.min_gap == 0
+    assert settings.min_bytes is None and settings.keep_fraction == 0.02  # the relative rule
     monkeypatch.setenv("TITAN_ACT_OFFLOAD_MAX_HOST_BYTES", "4G")
-    assert OffloadConfig.from_env().max_host_bytes == 4 << 30
+    assert OffloadSettings.from_env().max_host_bytes == 4 << 30
     monkeypatch.delenv("TITAN_ACT_OFFLOAD_MAX_HOST_BYTES")
-    assert OffloadConfig.from_env().max_host_bytes > 0  # auto: a share of physical memory
+    assert OffloadSettings.from_env().max_host_bytes > 0  # auto: a share of physical memory
+
+
+@pytest.mark.parametrize(
+    "var, value",
+    [
+        ("TITAN_ACT_OFFLOAD_MODULES", "attention,bogus"),
+        ("TITAN_ACT_OFFLOAD_MAX_HOST_BYTES", "0.5"),
+        ("TITAN_ACT_OFFLOAD_MAX_HOST_BYTES", "0"),
+        ("TITAN_ACT_OFFLOAD_KEEP_FRACTION", "nan"),
+        ("TITAN_ACT_OFFLOAD_MIN_GAP", "-1"),
+    ],
+)
+def test_offload_settings_bad_values_warn_or_raise_under_strict(monkeypatch, caplog, var, value):
+    from titan_act_offload.settings import SETTINGS
+
+    from titan_plugins.settings import SettingError, problems
+
+    monkeypatch.setenv(var, value)
+    (message,) = problems(SETTINGS)  # what the core reports at activation
+    assert var in message and repr(value) in message
+    with caplog.at_level(logging.WARNING):
+        assert OffloadSettings.from_env() == OffloadSettings.from_env()  # defaults, no raise
+    monkeypatch.setenv("TITAN_PLUGINS_STRICT", "1")
+    with pytest.raises(SettingError, match=var):
+        OffloadSettings.from_env()
 
 
 @pytest.mark.parametrize("name", ["attention", "layer"])
-def test_offload_wiring_declares_patches(name, monkeypatch):
-    from titan_act_offload import runtime, wiring
+def test_offload_block_patches_declared(name):
+    from titan_act_offload import block_patches, plugin, runtime
 
-    rt = runtime.Runtime(OffloadConfig(modules=(name,)))
-    records = wiring.patches(rt)
-    targets = {r.target for r in records}
-    assert "megatron.core.pipeline_parallel.schedules:backward_step" in targets
+    rt = runtime.Runtime(OffloadSettings(modules=(name,)))
+    records = block_patches.patches(rt)
     assert all(r.rationale and r.remove_when for r in records)
-    assert any(name in r.id for r in records)
+    assert records and all(f"block.{name}." in r.id for r in records)
+    # The schedule is followed through the core's training-loop hooks, not patches of its own.
+    assert not any("schedules" in r.target for r in records)
+    for hook in ("titan_train_step", "titan_forward_microbatch", "titan_backward_microbatch"):
+        assert getattr(plugin, hook).titan_impl["wrapper"]
 
 
 def _drive(model, offloader, plan, backward_order):

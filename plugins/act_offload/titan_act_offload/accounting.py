@@ -1,10 +1,13 @@
 """Byte accounting of saved activations: what is device-resident now and at peak, per model chunk
-and for the whole stage, and what moved between device and host.
+and for the whole stage, what the same tensors would occupy without offload, what moved between
+device and host, and why tensors were left alone.
 
-"Device-resident" counts the saved tensors the offloader holds on the device: kept (not
-offloaded), staged (waiting for their block to finish before the copy), and reloaded (back on
-the device, not yet handed to autograd). On CPU "device" and "host" are both CPU memory; the
-copies are real memcpys into the host pool, and the numbers are exact.
+"Device-resident" counts the saved tensors the offloader manages that are on the device: kept
+(not offloaded), staged (waiting for their block to finish before the copy), and reloaded (back
+on the device, not yet handed to autograd). "Live" counts the same tensors from their save to
+their last use whether or not they moved: its peak is the no-offload baseline of the same run.
+On CPU "device" and "host" are both CPU memory; the copies are real memcpys into the host pool,
+and the numbers are exact.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ class OffloadStats:
     peak_resident: int = 0
     kept: int = 0  # resident bytes of records that were never offloaded
     peak_kept: int = 0
+    live: int = 0  # managed bytes between save and last use, wherever they are
+    peak_live: int = 0  # = the device-resident peak with no offload (same tensors, same run)
     resident_by_chunk: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     peak_by_chunk: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     kept_by_chunk: dict[int, int] = field(default_factory=lambda: defaultdict(int))
@@ -34,10 +39,16 @@ class OffloadStats:
     prefetch_hits: int = 0  # blocks whose reload was issued before their first unpack
     late_reloads: int = 0  # blocks reloaded only when backward asked for them
     kept_over_budget_bytes: int = 0  # left on the device because the host budget was reached
-    skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # reason -> count
+    skipped_bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     steps: int = 0
     schedule_mismatches: int = 0
     unit_bytes: dict[tuple[int, int], int] = field(default_factory=dict)  # last step, per unit
+
+    def skip(self, reason: str, nbytes: int) -> None:
+        """A saved tensor of ``nbytes`` stays where it is, because of ``reason``."""
+        self.skipped[reason] += 1
+        self.skipped_bytes[reason] += nbytes
 
     def add(self, chunk: int, nbytes: int, kept: bool) -> None:
         """``nbytes`` became device-resident in ``chunk`` (``kept``: not headed to host)."""
@@ -61,10 +72,46 @@ class OffloadStats:
             self.kept -= nbytes
             self.kept_by_chunk[chunk] -= nbytes
 
+    def born(self, nbytes: int) -> None:
+        """A managed tensor was saved (the no-offload baseline grows)."""
+        self.live += nbytes
+        self.peak_live = max(self.peak_live, self.live)
+
+    def died(self, nbytes: int) -> None:
+        """A managed tensor was used for the last time (or its saver died)."""
+        self.live -= nbytes
+
+    # ----- per record (a ``records.Record``: its flags say what it is counted in) -------------
+    def enter(self, record: Any, kept: bool) -> None:
+        """``record`` is on the device now (``kept``: and stays there)."""
+        if not record.resident:
+            record.resident, record.kept = True, kept
+            self.add(record.block.unit.unit.chunk, record.nbytes, kept)
+
+    def leave(self, record: Any) -> None:
+        """``record`` is no longer on the device (copied out, or handed to autograd)."""
+        if record.resident:
+            record.resident = False
+            self.remove(record.block.unit.unit.chunk, record.nbytes, record.kept)
+
+    def keep(self, record: Any, reason: str) -> None:
+        """``record`` was headed to host but stays on the device because of ``reason``."""
+        self.leave(record)
+        self.enter(record, kept=True)
+        self.skip(reason, record.nbytes)
+
+    def end_of_life(self, record: Any) -> None:
+        """``record`` was used for the last time (or nothing can use it any more)."""
+        self.leave(record)
+        if record.live:
+            record.live = False
+            self.died(record.nbytes)
+
     def reset_peaks(self) -> None:
         """Start a new measurement window (peaks restart from the current values)."""
         self.peak_resident = self.resident
         self.peak_kept = self.kept
+        self.peak_live = self.live
         self.peak_by_chunk = defaultdict(int, self.resident_by_chunk)
         self.peak_kept_by_chunk = defaultdict(int, self.kept_by_chunk)
 
@@ -75,6 +122,8 @@ class OffloadStats:
             "peak_resident": self.peak_resident,
             "kept": self.kept,
             "peak_kept": self.peak_kept,
+            "live": self.live,
+            "peak_live": self.peak_live,
             "peak_by_chunk": dict(self.peak_by_chunk),
             "peak_kept_by_chunk": dict(self.peak_kept_by_chunk),
             "max_block_bytes": self.max_block_bytes,
@@ -86,6 +135,7 @@ class OffloadStats:
             "late_reloads": self.late_reloads,
             "kept_over_budget_bytes": self.kept_over_budget_bytes,
             "skipped": dict(self.skipped),
+            "skipped_bytes": dict(self.skipped_bytes),
             "steps": self.steps,
             "schedule_mismatches": self.schedule_mismatches,
             "unit_bytes": dict(self.unit_bytes),

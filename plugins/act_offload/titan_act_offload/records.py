@@ -34,6 +34,7 @@ class Record:
         "handles",
         "resident",
         "kept",
+        "live",
         "done_event",
     )
 
@@ -51,8 +52,9 @@ class Record:
         self.state = STAGED
         self.pending = 1  # unpacks still expected (one per pack)
         self.handles = 1  # live handles (autograd SavedVariables) pointing here
-        self.resident = False
-        self.kept = False
+        self.resident = False  # counted in OffloadStats.resident
+        self.kept = False  # counted in OffloadStats.kept (not headed to host)
+        self.live = True  # counted in OffloadStats.live until its last use
         self.done_event: Any = None
 
     def host_view(self) -> torch.Tensor:
