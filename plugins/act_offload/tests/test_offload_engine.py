@@ -118,6 +118,118 @@ def test_offload_engine_dedupes_and_leaves_foreign_hooks_alone():
     assert off.stats.late_reloads == 1  # nobody prefetched this unit
 
 
+def test_offload_engine_moves_the_base_of_saved_views_once():
+    # Attention's q, k and v are strided slices of the fused QKV output: without offload the
+    # saved views pin the whole QKV storage. One record moves that storage; unpack rebuilds
+    # each view on the reloaded base.
+    lin = torch.nn.Linear(16, 48)
+
+    def forward(x):
+        y = lin(x)  # [8, 48]
+        q, k, v = y[:, :16], y[:, 16:32], y[:, 32:].t()  # non-dense views of y
+        return (q * k).sum() + (v * v).sum()
+
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    forward(x).backward()
+    expected = [x.grad.clone(), lin.weight.grad.clone()]
+    x.grad, lin.weight.grad, lin.bias.grad = None, None, None
+    off = make_offloader(lin)
+    state = off.begin_unit(Unit(0, 0), True, frozenset())
+    block = off.enter_block("attention")
+    loss = forward(x)
+    off.exit_block(block)
+    off.end_unit_forward(state)
+    assert off.stats.skipped.get("not_dense", 0) == 0
+    assert off.stats.offloaded_bytes == 8 * 48 * 4  # y, once (the input x is a leaf)
+    off.prefetch_unit(state)
+    loss.backward()
+    assert torch.equal(x.grad, expected[0]) and torch.equal(lin.weight.grad, expected[1])
+    assert off.stats.resident == 0 and off.stats.live == 0 and off.pool.in_use == 0
+
+
+class _SavesItsOwn(torch.autograd.Function):
+    """Saves a tensor made inside forward (no grad_fn), marked as an activation or not."""
+
+    @staticmethod
+    def forward(ctx, x, mark):
+        from titan_plugins.saved_tensors import mark_activation
+
+        made = x * 3  # grad mode is off in here: no grad_fn
+        ctx.save_for_backward(mark_activation(made) if mark else made)
+        return x * made
+
+    @staticmethod
+    def backward(ctx, grad):
+        (made,) = ctx.saved_tensors
+        return grad * 2 * made, None
+
+
+@pytest.mark.parametrize("mark", [True, False])
+def test_offload_engine_follows_the_saved_activation_contract(mark):
+    x = torch.randn(64, 64, requires_grad=True)
+    off = make_offloader(torch.nn.Linear(1, 1))
+    state = off.begin_unit(Unit(0, 0), True, frozenset())
+    block = off.enter_block("mlp")
+    y = _SavesItsOwn.apply(x * 1.0, mark)
+    off.exit_block(block)
+    off.end_unit_forward(state)
+    nbytes = 64 * 64 * 4
+    if mark:  # the marked tensor is an activation: it goes to host and comes back intact
+        assert off.stats.offloaded_bytes == nbytes and "leaf" not in off.stats.skipped
+    else:  # unmarked and without a grad_fn it looks like a constant: left alone
+        assert off.stats.offloaded_bytes == 0 and off.stats.skipped_bytes["leaf"] == nbytes
+    y.sum().backward()
+    assert torch.equal(x.grad, 6 * x.detach())
+
+
+def test_offload_engine_relative_size_rule_keeps_the_smallest_tail():
+    # Default settings: no fixed MIN_BYTES; per block, the smallest saved tensors stay on the
+    # device while they add up to at most KEEP_FRACTION (2%) of the block's saved bytes.
+    x = torch.randn(4, 1024, requires_grad=True)
+    off = Offloader(OffloadSettings(), platform)
+    assert off.settings.min_bytes is None and off.settings.keep_fraction == 0.02
+    state = off.begin_unit(Unit(0, 0), True, frozenset())
+    block = off.enter_block("mlp")
+    big = (x * 2).sin()  # saves x * 2: 16 KiB
+    tiny = [(x[:, :8] * k).exp() for k in range(3)]  # saves 3 outputs of 128 B (exp saves y)
+    off.exit_block(block)
+    off.end_unit_forward(state)
+    total = 16384 + 3 * 128
+    assert off.stats.skipped["small"] == 2  # 2 x 128 B <= 2% of the block; a third is not
+    assert off.stats.skipped_bytes["small"] == 256 <= 0.02 * total < 384
+    assert off.stats.offloaded_bytes == total - 256 and off.stats.peak_kept == 256
+    (big.sum() + sum(t.sum() for t in tiny)).backward()
+    assert off.stats.resident == 0 and off.stats.live == 0
+
+
+def test_offload_engine_accounts_the_whole_stage():
+    # What the forward saves outside the selected blocks (a norm, the loss) is watched too: it
+    # stays on the device and counts in the stage's figures, with and without offload.
+    model = _model()
+    off = make_offloader(model)
+    x = _input().requires_grad_()
+    losses = []
+    for mb in range(2):
+        state = off.begin_unit(Unit(0, mb), True, frozenset())
+        h = torch.sigmoid(x * (mb + 1))  # outside: sigmoid saves its output (8 x 64 fp32)
+        block = off.enter_block("mlp")
+        h = model[0](h)
+        off.exit_block(block)
+        losses.append(h.square().sum())  # outside: pow saves its input (8 x 64 fp32)
+        off.end_unit_forward(state)
+    stats = off.stats
+    outside = 2 * TOKENS * HIDDEN * 4  # per unit
+    # fc1's input is the sigmoid's saved output: one record, kept (the sigmoid needs it).
+    block = 2 * TOKENS * FFN * 4
+    assert stats.outside == 2 * outside and stats.resident == 0  # blocks went to host
+    assert stats.peak_stage_live == 2 * (outside + block)  # nothing moved: all of it
+    # Peak while unit 1's block is staged: unit 0's outside saves, unit 1's sigmoid, the block.
+    assert stats.peak_stage == outside + outside // 2 + block
+    for loss in losses:
+        loss.backward()
+    assert stats.stage == stats.outside == stats.stage_live == 0
+
+
 def test_offload_engine_leaves_released_storage_to_its_owner():
     # What megatron's CheckpointWithoutOutput does: the saved output's storage is resized to 0
     # after the consumer saved it, and restored (recomputed) before backward reads it.

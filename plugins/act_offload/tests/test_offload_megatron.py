@@ -279,5 +279,5 @@ def test_offload_stays_out_of_ep_overlap_schedules(gloo_pool2):
     results = gloo_pool2.run(offload_task, {"ep": 2}, overrides, 2, {"off": None, "on": {}})
     for result in results:
         assert_identical(result["off"], result["on"])
-        assert result["on"]["stats"] is None and result["on"]["effects"]["steps"] == 0
+        assert result["on"]["stats"] is None and result["on"]["effects"] == {}
         assert any("overlap_moe_expert_parallel_comm" in w for w in result["on"]["warnings"])

@@ -2,10 +2,13 @@
 and for the whole stage, what the same tensors would occupy without offload, what moved between
 device and host, and why tensors were left alone.
 
-"Device-resident" counts the saved tensors the offloader manages that are on the device: kept
+"Device-resident" counts the saved tensors of the selected blocks that are on the device: kept
 (not offloaded), staged (waiting for their block to finish before the copy), and reloaded (back
 on the device, not yet handed to autograd). "Live" counts the same tensors from their save to
 their last use whether or not they moved: its peak is the no-offload baseline of the same run.
+"Stage" adds what the forward saved outside the selected blocks (norms, embedding, loss; never
+moved): ``peak_stage`` is the whole stage's saved-activation peak with offload,
+``peak_stage_live`` the same without.
 On CPU "device" and "host" are both CPU memory; the copies are real memcpys into the host pool,
 and the numbers are exact.
 """
@@ -25,8 +28,13 @@ class OffloadStats:
     peak_resident: int = 0
     kept: int = 0  # resident bytes of records that were never offloaded
     peak_kept: int = 0
-    live: int = 0  # managed bytes between save and last use, wherever they are
+    live: int = 0  # block bytes between save and last use, wherever they are
     peak_live: int = 0  # = the device-resident peak with no offload (same tensors, same run)
+    outside: int = 0  # device bytes saved outside the selected blocks (never moved)
+    stage: int = 0  # resident + outside: every saved activation of the stage on the device
+    peak_stage: int = 0
+    stage_live: int = 0  # live + outside
+    peak_stage_live: int = 0  # the whole stage's saved-activation peak without offload
     resident_by_chunk: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     peak_by_chunk: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     kept_by_chunk: dict[int, int] = field(default_factory=lambda: defaultdict(int))
@@ -52,6 +60,7 @@ class OffloadStats:
 
     def add(self, chunk: int, nbytes: int, kept: bool) -> None:
         """``nbytes`` became device-resident in ``chunk`` (``kept``: not headed to host)."""
+        self._stage(nbytes)
         self.resident += nbytes
         self.resident_by_chunk[chunk] += nbytes
         self.peak_resident = max(self.peak_resident, self.resident)
@@ -66,6 +75,7 @@ class OffloadStats:
 
     def remove(self, chunk: int, nbytes: int, kept: bool) -> None:
         """``nbytes`` of ``chunk`` left the device (copied out, or handed to autograd)."""
+        self._stage(-nbytes)
         self.resident -= nbytes
         self.resident_by_chunk[chunk] -= nbytes
         if kept:
@@ -73,26 +83,54 @@ class OffloadStats:
             self.kept_by_chunk[chunk] -= nbytes
 
     def born(self, nbytes: int) -> None:
-        """A managed tensor was saved (the no-offload baseline grows)."""
+        """A tensor of a selected block was saved (the no-offload baseline grows)."""
         self.live += nbytes
         self.peak_live = max(self.peak_live, self.live)
+        self._stage_live(nbytes)
 
     def died(self, nbytes: int) -> None:
-        """A managed tensor was used for the last time (or its saver died)."""
+        """A tensor of a selected block was used for the last time (or its saver died)."""
         self.live -= nbytes
+        self._stage_live(-nbytes)
+
+    def _stage(self, nbytes: int) -> None:
+        self.stage += nbytes
+        self.peak_stage = max(self.peak_stage, self.stage)
+
+    def _stage_live(self, nbytes: int) -> None:
+        self.stage_live += nbytes
+        self.peak_stage_live = max(self.peak_stage_live, self.stage_live)
 
     # ----- per record (a ``records.Record``: its flags say what it is counted in) -------------
     def enter(self, record: Any, kept: bool) -> None:
         """``record`` is on the device now (``kept``: and stays there)."""
-        if not record.resident:
-            record.resident, record.kept = True, kept
+        if record.resident:
+            return
+        record.resident, record.kept = True, kept
+        if record.block.outside:
+            self.outside += record.nbytes
+            self._stage(record.nbytes)
+        else:
             self.add(record.block.unit.unit.chunk, record.nbytes, kept)
 
     def leave(self, record: Any) -> None:
         """``record`` is no longer on the device (copied out, or handed to autograd)."""
-        if record.resident:
-            record.resident = False
+        if not record.resident:
+            return
+        record.resident = False
+        if record.block.outside:
+            self.outside -= record.nbytes
+            self._stage(-record.nbytes)
+        else:
             self.remove(record.block.unit.unit.chunk, record.nbytes, record.kept)
+
+    def saved(self, record: Any) -> None:
+        """``record`` was saved: it is live until :meth:`end_of_life`."""
+        if record.block.outside:
+            self._stage_live(record.nbytes)
+        else:
+            self.saved_bytes += record.nbytes
+            self.born(record.nbytes)
 
     def keep(self, record: Any, reason: str) -> None:
         """``record`` was headed to host but stays on the device because of ``reason``."""
@@ -105,13 +143,18 @@ class OffloadStats:
         self.leave(record)
         if record.live:
             record.live = False
-            self.died(record.nbytes)
+            if record.block.outside:
+                self._stage_live(-record.nbytes)
+            else:
+                self.died(record.nbytes)
 
     def reset_peaks(self) -> None:
         """Start a new measurement window (peaks restart from the current values)."""
         self.peak_resident = self.resident
         self.peak_kept = self.kept
         self.peak_live = self.live
+        self.peak_stage = self.stage
+        self.peak_stage_live = self.stage_live
         self.peak_by_chunk = defaultdict(int, self.resident_by_chunk)
         self.peak_kept_by_chunk = defaultdict(int, self.kept_by_chunk)
 
@@ -124,6 +167,11 @@ class OffloadStats:
             "peak_kept": self.peak_kept,
             "live": self.live,
             "peak_live": self.peak_live,
+            "outside": self.outside,
+            "stage": self.stage,
+            "peak_stage": self.peak_stage,
+            "stage_live": self.stage_live,
+            "peak_stage_live": self.peak_stage_live,
             "peak_by_chunk": dict(self.peak_by_chunk),
             "peak_kept_by_chunk": dict(self.peak_kept_by_chunk),
             "max_block_bytes": self.max_block_bytes,

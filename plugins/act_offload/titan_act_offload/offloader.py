@@ -31,6 +31,7 @@ from titan_act_offload.records import (
     Handle,
     Record,
     UnitState,
+    dense_base,
     dense_span,
 )
 from titan_act_offload.settings import OffloadSettings
@@ -59,13 +60,24 @@ class Offloader:
 
     # ----- units -------------------------------------------------------------------------
     def begin_unit(self, unit: Unit, offload: bool, exclude: frozenset[int]) -> UnitState:
-        """Start the forward of ``unit``; tensors saved in selected blocks now belong to it."""
+        """Start the forward of ``unit``; tensors saved in selected blocks now belong to it.
+
+        Saves made outside the selected blocks are watched too (kept on the device, counted in
+        the stage's figures) when our hooks can sit at the bottom of the forward.
+        """
         state = UnitState(unit, offload and not self.settings.dry_run, exclude)
         self.current = state
+        if self._may_push():
+            state.open.append(Block("outside", state, outside=True))
+            state.watching = True
+            _hooks._push_saved_tensors_default_hooks(self.pack, self.unpack)
         return state
 
     def end_unit_forward(self, state: UnitState) -> None:
         """The unit's forward returned: later saves are not its own."""
+        if state.watching:
+            state.watching = False
+            _hooks._pop_saved_tensors_default_hooks()
         state.dedupe.clear()
         state.open.clear()
         # Backward reaches a block first where it saved last: order blocks by their last save.
@@ -85,20 +97,26 @@ class Offloader:
     def enter_block(self, name: str) -> Block | None:
         """Push our hooks for a module forward, or return None when the saves are not ours."""
         state = self.current
-        if state is None or not torch.is_grad_enabled():
+        if state is None or not self._may_push():
             return None
-        if torch._C._current_graph_task_id() != -1:
-            return None  # recomputation inside backward: saves are consumed at once
-        if not _hooks._saved_tensors_hooks_is_enabled():
-            return None  # disabled by the caller (e.g. functorch transforms)
-        top = _hooks._top_saved_tensors_default_hooks(False)
-        if top is not None and top[0] != self.pack:
-            self.stats.skip("other_saved_tensors_hooks", 0)
-            return None  # another hook (TE/megatron offload, checkpoint) owns these saves
         block = Block(name, state)
         state.open.append(block)
         _hooks._push_saved_tensors_default_hooks(self.pack, self.unpack)
         return block
+
+    def _may_push(self) -> bool:
+        """Whether saves made now are ours to take (see the reasons below)."""
+        if not torch.is_grad_enabled():
+            return False
+        if torch._C._current_graph_task_id() != -1:
+            return False  # recomputation inside backward: saves are consumed at once
+        if not _hooks._saved_tensors_hooks_is_enabled():
+            return False  # disabled by the caller (e.g. functorch transforms)
+        top = _hooks._top_saved_tensors_default_hooks(False)
+        if top is not None and top[0] != self.pack:
+            self.stats.skip("other_saved_tensors_hooks", 0)
+            return False  # another hook (TE/megatron offload, checkpoint) owns these saves
+        return True
 
     def exit_block(self, block: Block) -> None:
         """Pop our hooks; the block's staged tensors go to host if its unit is offloaded."""
@@ -154,8 +172,13 @@ class Offloader:
         if state is None or not state.open:
             return tensor
         reason = self.skip_reason(tensor)
+        view = None
+        if reason == "not_dense" and (base := dense_base(tensor)) is not None:
+            # Manage the view's dense base (views of it in this unit share one record).
+            offset = tensor.storage_offset() - base.storage_offset()
+            view, tensor, reason = (tuple(tensor.shape), tensor.stride(), offset), base, None
         if reason is not None:
-            self.stats.skip(reason, tensor.numel() * tensor.element_size())
+            self.stats.skip(reason, _held_bytes(tensor))
             return tensor
         key = (
             tensor.untyped_storage().data_ptr(),
@@ -170,19 +193,20 @@ class Offloader:
             record.pending += 1
             record.handles += 1
             self._stamp(state.open[-1])
-            return Handle(record, self)
+            return Handle(record, self, view)
         block = state.open[-1]
         self._stamp(block)
         record = Record(tensor, block)
         block.records.append(record)
         state.dedupe[key] = (weakref.ref(tensor), record)
-        state.saved += record.nbytes
-        self.stats.saved_bytes += record.nbytes
-        self.stats.born(record.nbytes)
-        if not state.offload:
+        if not block.outside:
+            state.saved += record.nbytes
+        self.stats.saved(record)
+        kept = block.outside or not state.offload
+        if kept:
             record.state = KEPT
-        self.stats.enter(record, kept=not state.offload)
-        return Handle(record, self)
+        self.stats.enter(record, kept=kept)
+        return Handle(record, self, view)
 
     def unpack(self, packed: Any) -> torch.Tensor:
         """Unpack hook: hand the (reloaded) tensor to autograd."""
@@ -202,6 +226,9 @@ class Offloader:
             self.copies.reload(block, prefetch=False, force=True)
         tensor = record.device
         assert tensor is not None, "act_offload: saved tensor released before backward used it"
+        if packed.view is not None:
+            size, stride, offset = packed.view
+            tensor = tensor.as_strided(size, stride, tensor.storage_offset() + offset)
         self.copies.wait_reloaded(record, tensor)
         record.pending -= 1
         if record.pending == 0:
@@ -241,3 +268,13 @@ class Offloader:
 
 def _size(record: Record) -> int:
     return record.nbytes
+
+
+def _held_bytes(tensor: torch.Tensor) -> int:
+    """Bytes a saved tensor keeps alive: its elements, or less when it is a broadcast view of a
+    smaller storage (an ``expand``ed index holds only its storage)."""
+    nbytes = tensor.numel() * tensor.element_size()
+    try:
+        return min(nbytes, tensor.untyped_storage().nbytes())
+    except (RuntimeError, NotImplementedError):  # storage-less tensors (sparse, subclasses)
+        return nbytes

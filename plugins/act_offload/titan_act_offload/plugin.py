@@ -113,7 +113,9 @@ def titan_configure(config: Any) -> None:
 
 @hookimpl
 def titan_report() -> dict[str, Any]:
-    """Whether the plugin acts (and why not), its settings, and what it did (``effects``)."""
+    """Whether the plugin acts (and why not), its settings, its counters (``stats``,
+    ``host_pool``), the saved tensors it left alone per reason (``skipped``), and why nothing
+    was offloaded when nothing was."""
     runtime = _runtime.current()
     if runtime is None:
         return {"active": False, "why": "not activated in this process"}
@@ -122,8 +124,20 @@ def titan_report() -> dict[str, Any]:
     if why:
         report["why"] = why
     report.update(runtime.report())
-    report["effects"] = runtime.effects()
+    report["skipped"] = runtime.skipped()
+    why_none = runtime.why_nothing_moved()
+    if why_none:
+        report["why_nothing_offloaded"] = why_none
     return report
+
+
+@hookimpl
+def titan_effects() -> dict[str, int]:
+    """What the plugin did in this process: bytes offloaded and reloaded, the peak of the stage's
+    device-resident saved activations with and without offload (``peak_saved_bytes`` /
+    ``peak_saved_bytes_without``), units offloaded, tensors skipped (see ``Runtime.effects``)."""
+    runtime = _runtime.current()
+    return runtime.effects() if runtime is not None else {}
 
 
 def _inactive_reason(runtime: _runtime.Runtime) -> str:

@@ -72,30 +72,69 @@ class Runtime:
             report.update(self._offloader.report())
         return report
 
-    def effects(self) -> dict[str, Any]:
-        """What the plugin did in this process (zeros before the first schedule).
+    def effects(self) -> dict[str, int]:
+        """What the plugin did in this process, as numbers (empty before the first schedule).
 
         ``offloaded_bytes``: bytes copied to host; ``reloaded_bytes``: brought back;
-        ``peak_saved_bytes``: peak of device-resident saved activations it managed;
-        ``peak_saved_bytes_without``: peak of the same tensors had nothing moved (the
-        no-offload baseline of this run); ``steps``; ``skipped``: per reason, tensors and bytes
-        left alone.
+        ``peak_saved_bytes``: peak of the stage's device-resident saved activations (what the
+        forward saved, offloaded blocks net of their copies); ``peak_saved_bytes_without``: the
+        same tensors' peak had nothing moved (the no-offload baseline of this very run);
+        ``steps``: training schedules run; ``offloaded_units`` / ``units``: (chunk, microbatch)
+        units the last step's plan offloaded, of all; ``skipped_tensors`` / ``skipped_bytes``:
+        saved tensors left where they were (per reason: :meth:`skipped`).
         """
         if self._offloader is None:
-            zero = {"offloaded_bytes": 0, "reloaded_bytes": 0, "peak_saved_bytes": 0}
-            return {**zero, "peak_saved_bytes_without": 0, "steps": 0, "skipped": {}}
+            return {}
         stats = self._offloader.stats
+        plan = self.last_plan
         return {
             "offloaded_bytes": stats.offloaded_bytes,
             "reloaded_bytes": stats.prefetched_bytes + stats.late_reload_bytes,
-            "peak_saved_bytes": stats.peak_resident,
-            "peak_saved_bytes_without": stats.peak_live,
+            "peak_saved_bytes": stats.peak_stage,
+            "peak_saved_bytes_without": stats.peak_stage_live,
             "steps": stats.steps,
-            "skipped": {
-                reason: {"tensors": count, "bytes": stats.skipped_bytes.get(reason, 0)}
-                for reason, count in sorted(stats.skipped.items())
-            },
+            "offloaded_units": len(plan.offload) if plan is not None else 0,
+            "units": len(plan.units()) if plan is not None else 0,
+            "skipped_tensors": sum(stats.skipped.values()),
+            "skipped_bytes": sum(stats.skipped_bytes.values()),
         }
+
+    def skipped(self) -> dict[str, dict[str, int]]:
+        """Per reason, the saved tensors left where they were: ``{"tensors": n, "bytes": b}``.
+
+        Reasons: ``leaf`` (no grad_fn and not marked as an activation: data, masks, indices,
+        norm statistics), ``parameter_or_subclass`` / ``parameter_view``, ``stage_input`` (the
+        tensor received from the previous stage), ``empty``, ``small`` (the size rule),
+        ``not_device_strided`` / ``not_dense``, ``modified_in_place``, ``released_storage``
+        (megatron's output-discarding checkpoints), ``host_budget``,
+        ``other_saved_tensors_hooks`` (blocks another hook owns; no bytes counted).
+        """
+        if self._offloader is None:
+            return {}
+        stats = self._offloader.stats
+        return {
+            reason: {"tensors": count, "bytes": stats.skipped_bytes.get(reason, 0)}
+            for reason, count in sorted(stats.skipped.items())
+        }
+
+    def why_nothing_moved(self) -> str:
+        """Why no byte was offloaded (empty when some were)."""
+        if self._offloader is not None and self._offloader.stats.offloaded_bytes:
+            return ""
+        return self._why_nothing_moved()
+
+    def _why_nothing_moved(self) -> str:
+        if self._offloader is None or self.last_plan is None:
+            return "no training schedule ran with the plugin"
+        if self.settings.dry_run:
+            return "TITAN_ACT_OFFLOAD_DRY_RUN=1"
+        if not self.last_plan.offload:
+            return (
+                "no microbatch waits between its forward and its backward on this stage "
+                f"(TITAN_ACT_OFFLOAD_MIN_GAP={self.settings.min_gap}; the last pipeline stage runs "
+                "each backward right after its forward: MIN_GAP=0 offloads block by block)"
+            )
+        return "every saved tensor was skipped (see skipped)"
 
     def warn_once(self, key: str, message: str) -> None:
         """Log ``message`` the first time ``key`` comes up."""

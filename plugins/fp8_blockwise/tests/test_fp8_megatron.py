@@ -92,7 +92,7 @@ def test_fp8_megatron_ws1_trains_within_loss_gap(gloo_pool1, reference_ws1):
     # What ran, counted where it runs: each of those 20 layer calls per step ran its three GEMMs
     # in FP8 (forward, input gradient, weight gradient); 20 weights quantized once per step.
     done = run["effects"]
-    assert done["fp8_gemms_by_pass"] == {p: 20 * STEPS for p in ("fprop", "dgrad", "wgrad")}
+    assert [done[f"fp8_{p}_gemms"] for p in ("fprop", "dgrad", "wgrad")] == [20 * STEPS] * 3
     assert done["fp8_gemms"] == 60 * STEPS and done["weight_quantizations"] == 20 * STEPS
     gaps = _gaps(run["losses"], reference_ws1["losses"])
     assert run["losses"][-1] < 0.5 * run["losses"][0]
@@ -166,7 +166,7 @@ def test_fp8_megatron_recompute_stays_in_fp8(gloo_pool1, recompute):
 
 def test_fp8_megatron_plugin_without_fp8_flags_is_bit_identical(gloo_pool1, reference_ws1):
     run = gloo_pool1.run(_train_task, {}, False, 5)[0]
-    assert run["calls"] == {} and run["effects"]["fp8_gemms"] == 0
+    assert run["calls"] == {} and run["effects"] == {}
     assert run["losses"] == reference_ws1["losses"][:5]
     assert run["norms"] == reference_ws1["norms"][:5]
 

@@ -7,7 +7,6 @@ the numbers say what ran, not what was configured. Light (no torch): reports rea
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 CALLS: Counter[str] = Counter()  # FP8 layer forwards by kind (ColumnParallelLinear[.expert], ...)
 GEMMS: Counter[str] = Counter()  # FP8 GEMMs run, by pass: fprop, dgrad, wgrad
@@ -24,17 +23,22 @@ def count_gemm(kind: str) -> None:
     GEMMS[kind] += 1
 
 
-def effects() -> dict[str, Any]:
-    """This process's counters.
+def effects() -> dict[str, int]:
+    """This process's counters, as numbers (empty when nothing ran in FP8 here).
 
-    ``fp8_gemms``: FP8 GEMMs run (all passes); ``fp8_gemms_by_pass``; ``fp8_layer_calls`` by
-    layer kind; ``weight_quantizations``: 128x128-block quantizations of weights (cache misses);
-    ``weight_cache_hits``.
+    ``fp8_gemms``: FP8 GEMMs run, all passes; ``fp8_fprop_gemms`` / ``fp8_dgrad_gemms`` /
+    ``fp8_wgrad_gemms``: per pass; ``fp8_layer_calls``: FP8 layer forwards (the kinds are in
+    :data:`CALLS`); ``weight_quantizations``: 128x128-block quantizations of weights (weight
+    cache misses: once per weight and step); ``weight_cache_hits``.
     """
+    if not CALLS and not GEMMS:
+        return {}
     return {
         "fp8_gemms": sum(GEMMS.values()),
-        "fp8_gemms_by_pass": dict(GEMMS),
-        "fp8_layer_calls": dict(CALLS),
+        "fp8_fprop_gemms": GEMMS["fprop"],
+        "fp8_dgrad_gemms": GEMMS["dgrad"],
+        "fp8_wgrad_gemms": GEMMS["wgrad"],
+        "fp8_layer_calls": sum(CALLS.values()),
         "weight_quantizations": WEIGHT_CACHE["misses"],
         "weight_cache_hits": WEIGHT_CACHE["hits"],
     }

@@ -58,19 +58,26 @@ def titan_configure(config: Any) -> None:
 
 @hookimpl
 def titan_report() -> dict[str, Any]:
-    """Backend, knobs and what ran in FP8 (``effects``: FP8 GEMMs, weight quantizations)."""
+    """Backend, knobs, FP8 layer calls by kind and the weight cache's counters."""
     from titan_fp8_blockwise import backend, effects, settings
 
-    done = effects.effects()
     return {
         "backend": backend.resolve_backend(),
         "scales": settings.SCALES.read(),
         "high_precision": sorted(settings.high_precision()),
         "force": settings.FORCE.read(),
-        "fp8_gemm_calls": done["fp8_layer_calls"],
+        "fp8_gemm_calls": dict(effects.CALLS),  # FP8 layer forwards by kind
         "weight_cache": dict(effects.WEIGHT_CACHE),
-        "effects": done,
     }
+
+
+@hookimpl
+def titan_effects() -> dict[str, int]:
+    """What ran in FP8 in this process: FP8 GEMMs (all passes and per pass), FP8 layer calls,
+    weight quantizations (see ``titan_fp8_blockwise.effects.effects``)."""
+    from titan_fp8_blockwise import effects
+
+    return effects.effects()
 
 
 @hookimpl
