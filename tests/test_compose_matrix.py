@@ -192,3 +192,60 @@ def test_compose_trace_capture_wrote_a_trace(matrix):
         pytest.skip("trace_analysis not installed")
     for rank in matrix:
         assert rank["all"]["traces"] and rank["-trace_analysis"]["traces"] == []
+
+
+# The matrix model as Megatron-LM flags (the "-moe_ep_overlap" run: megatron's own alltoall
+# dispatcher, which the planner models; PP=2 x EP=2 on 4 ranks is DP 2, so 16 samples make the
+# 4 microbatches of 2 sequences per rank).
+PLAN_FLAGS = (
+    "--num-layers 2 --hidden-size 128 --num-attention-heads 4 --ffn-hidden-size 256 "
+    "--seq-length 16 --max-position-embeddings 16 --micro-batch-size 2 --global-batch-size 16 "
+    "--num-experts 4 --moe-router-topk 2 --vocab-size 128 --make-vocab-size-divisible-by 1 "
+    "--disable-bias-linear --transformer-impl local --hidden-dropout 0 --attention-dropout 0 "
+    "--untie-embeddings-and-output-weights --attention-softmax-in-fp32 "
+    "--pipeline-model-parallel-size 2 --expert-model-parallel-size 2 "
+    "--bf16 --fp8-format e4m3 --fp8-recipe blockwise"
+).split()
+
+
+def test_compose_plan_predicts_the_measured_offload_cut(matrix):
+    # titan-plugins plan's "fp8_blockwise" and "fp8_blockwise+act_offload" columns against what
+    # act_offload measured in the same layout (its peaks cover every tensor the forward saved,
+    # with and without offload; parameters excluded, as in the plan). Routing decides each EP
+    # rank's expert tokens while the plan assumes balanced routing, so a stage's two EP ranks
+    # are summed (as tests/test_plan_measured.py does): each figure within 10% (the planner's
+    # activation tolerance there), the cut (1 - with / without) within 0.05.
+    from titan_plugins.plan.flags import parse_flags
+    from titan_plugins.plan.from_flags import build_config
+    from titan_plugins.plan.memory import stage_memory
+
+    run = "-moe_ep_overlap" if "moe_ep_overlap" in INSTALLED else "all"
+    stages = stage_memory(build_config(parse_flags(PLAN_FLAGS), world=4))
+    for stage in stages:
+        measured = [r[run]["effects"]["act_offload"] for r in matrix if r["pp_rank"] == stage.rank]
+        with_offload = sum(m["peak_saved_bytes"] for m in measured)
+        without = sum(m["peak_saved_bytes_without"] for m in measured)
+        plan = {k: len(measured) * v for k, v in stage.activations.items()}
+        plan_with, plan_without = plan["fp8_blockwise+act_offload"], plan["fp8_blockwise"]
+        assert abs(without / plan_without - 1) < 0.10, (stage.rank, without, plan)
+        assert abs(with_offload / plan_with - 1) < 0.10, (stage.rank, with_offload, plan)
+        cut, plan_cut = 1 - with_offload / without, 1 - plan_with / plan_without
+        assert abs(cut - plan_cut) < 0.05, (stage.rank, cut, plan_cut)
+        if stage.rank == 0:  # stage 0 waits: a real cut, predicted (0.45 at this size)
+            assert plan_cut > 0.3
+
+
+def _answers_effects(plugin: str) -> bool:
+    (ep,) = [ep for ep in metadata.entry_points(group="titan_plugins") if ep.name == plugin]
+    return hasattr(ep.load(), "titan_effects")
+
+
+@pytest.mark.parametrize("plugin", INSTALLED)
+def test_compose_every_plugin_counted_its_work(matrix, plugin):
+    # After the all-on run every plugin that reports effects (titan_effects) counted something
+    # on some rank, and nothing in the run it was off.
+    if not _answers_effects(plugin):
+        pytest.skip(f"{plugin} does not implement titan_effects")
+    counted = [rank["all"]["effects"].get(plugin, {}) for rank in matrix]
+    assert any(value for done in counted for value in done.values()), (plugin, counted)
+    assert all(plugin not in rank[f"-{plugin}"]["effects"] for rank in matrix)

@@ -7,8 +7,10 @@ device and host, and why tensors were left alone.
 on the device, not yet handed to autograd). "Live" counts the same tensors from their save to
 their last use whether or not they moved: its peak is the no-offload baseline of the same run.
 "Stage" adds what the forward saved outside the selected blocks (norms, embedding, loss; never
-moved): ``peak_stage`` is the whole stage's saved-activation peak with offload,
-``peak_stage_live`` the same without.
+moved) and the saved tensors left in place (data, masks, indices, norm statistics, the stage's
+received input; counted until their unit's backward ends; parameters are not activations):
+``peak_stage`` is the whole stage's saved-activation peak with offload, ``peak_stage_live`` the
+same without.
 On CPU "device" and "host" are both CPU memory; the copies are real memcpys into the host pool,
 and the numbers are exact.
 """
@@ -31,6 +33,7 @@ class OffloadStats:
     live: int = 0  # block bytes between save and last use, wherever they are
     peak_live: int = 0  # = the device-resident peak with no offload (same tensors, same run)
     outside: int = 0  # device bytes saved outside the selected blocks (never moved)
+    pinned: int = 0  # bytes of saved tensors left in place (skipped), until their unit's backward
     stage: int = 0  # resident + outside: every saved activation of the stage on the device
     peak_stage: int = 0
     stage_live: int = 0  # live + outside
@@ -91,6 +94,19 @@ class OffloadStats:
     def died(self, nbytes: int) -> None:
         """A tensor of a selected block was used for the last time (or its saver died)."""
         self.live -= nbytes
+        self._stage_live(-nbytes)
+
+    def pin(self, nbytes: int) -> None:
+        """A saved tensor stays in place (skipped) until its unit's backward: it counts in the
+        stage's figures with and without offload."""
+        self.pinned += nbytes
+        self._stage(nbytes)
+        self._stage_live(nbytes)
+
+    def unpin(self, nbytes: int) -> None:
+        """The unit's backward ran: its skipped tensors are no longer needed."""
+        self.pinned -= nbytes
+        self._stage(-nbytes)
         self._stage_live(-nbytes)
 
     def _stage(self, nbytes: int) -> None:
@@ -168,6 +184,7 @@ class OffloadStats:
             "live": self.live,
             "peak_live": self.peak_live,
             "outside": self.outside,
+            "pinned": self.pinned,
             "stage": self.stage,
             "peak_stage": self.peak_stage,
             "stage_live": self.stage_live,

@@ -39,6 +39,8 @@ from titan_act_offload.transfers import HostCopies
 from titan_plugins.saved_tensors import is_activation
 
 _hooks = torch._C._autograd
+# Skipped saves that are model state, not activations: the stage's figures leave them out.
+_NOT_ACTIVATIONS = frozenset({"parameter_or_subclass", "parameter_view"})
 
 
 class Offloader:
@@ -87,6 +89,11 @@ class Offloader:
         state.backward = order
         if self.current is state:
             self.current = None
+
+    def end_unit_backward(self, state: UnitState) -> None:
+        """The unit's backward ran: the saved tensors it left in place are released."""
+        self.stats.unpin(sum(state.pinned.values()))
+        state.pinned.clear()
 
     def prefetch_unit(self, state: UnitState) -> None:
         """Reload the first blocks backward will need (called by the plan ahead of backward)."""
@@ -178,7 +185,13 @@ class Offloader:
             offset = tensor.storage_offset() - base.storage_offset()
             view, tensor, reason = (tuple(tensor.shape), tensor.stride(), offset), base, None
         if reason is not None:
-            self.stats.skip(reason, _held_bytes(tensor))
+            held = _held_bytes(tensor)
+            self.stats.skip(reason, held)
+            if reason not in _NOT_ACTIVATIONS:
+                storage = tensor.untyped_storage().data_ptr()
+                if storage not in state.pinned:
+                    state.pinned[storage] = held
+                    self.stats.pin(held)
             return tensor
         key = (
             tensor.untyped_storage().data_ptr(),

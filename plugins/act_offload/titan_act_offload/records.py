@@ -129,6 +129,7 @@ class UnitState:
         "saved",
         "exclude",
         "watching",
+        "pinned",
     )
 
     def __init__(self, unit: Unit, offload: bool, exclude: frozenset[int] = frozenset()) -> None:
@@ -141,6 +142,7 @@ class UnitState:
         self.saved = 0  # distinct saved bytes in selected blocks
         self.exclude = exclude  # storages the schedule keeps alive anyway (stage inputs)
         self.watching = False  # our hooks are pushed for the whole forward (outside block)
+        self.pinned: dict[int, int] = {}  # storage -> bytes of saved tensors left in place
 
 
 def dense_base(tensor: torch.Tensor) -> torch.Tensor | None:

@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from typing import Any
 
-# the plan hook (titan_memory_effect) is registered with this module
-from titan_fp8_blockwise.memory_effect import titan_memory_effect as titan_memory_effect
 from titan_plugins import hookimpl
 from titan_plugins.patching import Patch
 from titan_plugins.settings import Setting
@@ -43,6 +41,15 @@ def titan_train_step(step: Any) -> Generator[None, Any, Any]:
 
     weight_cache.next_step()
     return (yield)
+
+
+@hookimpl
+def titan_memory_effect(layout: Any) -> Any:
+    """What the plugin does to per-rank memory, for ``titan-plugins plan``
+    (``memory_effect.py``: imported here, not while megatron loads)."""
+    from titan_fp8_blockwise.memory_effect import titan_memory_effect as effect
+
+    return effect(layout)
 
 
 @hookimpl
