@@ -375,9 +375,11 @@ def test_offload_report_says_inactive_on_an_unsupported_megatron(monkeypatch):
     from titan_plugins.patching import gates
     from titan_plugins.testing import plugin_active
 
-    real = gates.installed_version
+    real = gates.resolve_version
     monkeypatch.setattr(
-        gates, "installed_version", lambda d: "0.15.3" if d == "megatron-core" else real(d)
+        gates,
+        "resolve_version",
+        lambda d: ("0.15.3", "metadata") if d == "megatron-core" else real(d),
     )
     with plugin_active("act_offload") as engine:
         mine = [p for p in engine.patches() if p.plugin == "act_offload"]
