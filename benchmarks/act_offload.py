@@ -13,11 +13,16 @@ against a baseline measured in the same run.
    so every saved tensor is memcpy'd out and back), plugin vs plugin off vs megatron's offload.
    Goal: plugin <= 1.15x of no offload. Rounds alternate the modes; medians are printed; the
    verdict is withheld when the machine is loaded (``loadguard``, ``--force``).
-3. ``gpu``: a plan-driven 1F1B stage-0 emulation (PP=4, 8 microbatches, bf16 MLP blocks) with
+3. ``demo``: the CPU demo's job (``entrypoints/cpu_demo.py``'s model and flags: hidden 128,
+   fp32 weights with blockwise FP8, the flex dispatcher; PP=2 x EP=2, 4 microbatches) with every
+   installed plugin at its defaults, ``--steps`` steps; prints each rank's act_offload and
+   fp8_blockwise effects (``titan_effects``) and act_offload's skips per reason.
+4. ``gpu``: a plan-driven 1F1B stage-0 emulation (PP=4, 8 microbatches, bf16 MLP blocks) with
    and without the offloader on CUDA: step time (goal <= 1.05x: copies hidden behind compute)
    and torch.cuda.max_memory_allocated. Needs CUDA; ``--gpu-smoke`` runs it tiny on CPU.
 
-Usage: python benchmarks/act_offload.py [--section memory|time|gpu|all] [--rounds 3]
+Usage: python benchmarks/act_offload.py [--section memory|time|demo|gpu|all] [--rounds 3]
+       [--steps 30]
 """
 
 from __future__ import annotations
@@ -166,7 +171,59 @@ def time_section(rounds: int, args: argparse.Namespace) -> None:
     print(f"  goal: plugin <= 1.15x: {loadguard.verdict(ratio <= 1.15, args)}")
 
 
-# ----- 3. GPU copy/compute overlap (plan-driven emulation) ------------------------------------
+# ----- 3. the demo's job with every installed plugin (4 gloo workers) -------------------------
+def demo_task(steps: int) -> dict[str, Any]:
+    """One rank of the demo's job: its effects after ``steps`` steps."""
+    from importlib import metadata
+
+    from megatron.core import parallel_state as ps
+
+    from titan_plugins import report
+    from titan_plugins.testing import plugin_active, tiny_gpt
+
+    installed = sorted(ep.name for ep in metadata.entry_points(group="titan_plugins"))
+    tiny_gpt.init_parallel(pp=2, ep=2)
+    with plugin_active(installed, {"TITAN_TRACE_STEPS": ""}):
+        flags: dict[str, Any] = dict(hidden_size=128, ffn_hidden_size=256)
+        if "fp8_blockwise" in installed:  # as entrypoints/cpu_demo.py asks for them
+            flags.update(FP8)
+        if "moe_ep_overlap" in installed:
+            flags.update(moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="deepep")
+        cfg = tiny_gpt.make_config(**flags)
+        tiny_gpt.train(tiny_gpt.build_model(cfg), cfg, steps, 4)
+        effects = report.effects()
+        skipped = {p["name"]: p["report"].get("skipped") for p in report.collect()["plugins"]}
+    return {
+        "stage": ps.get_pipeline_model_parallel_rank(),
+        "ep": ps.get_expert_model_parallel_rank(),
+        "effects": effects,
+        "skipped": skipped.get("act_offload") or {},
+    }
+
+
+def demo_section(steps: int) -> None:
+    from titan_plugins.testing.workers import GlooWorkerPool
+
+    with GlooWorkerPool(4) as pool:
+        rows = pool.run(demo_task, steps, timeout=1800)
+    print(f"\n[demo] the demo's job, PP=2 x EP=2, every installed plugin, {steps} steps")
+    for row in sorted(rows, key=lambda r: (r["stage"], r["ep"])):
+        offload = row["effects"].get("act_offload", {})
+        fp8 = row["effects"].get("fp8_blockwise", {})
+        without = offload.get("peak_saved_bytes_without") or 1
+        print(
+            f"  stage {row['stage']} ep {row['ep']}: offloaded {offload.get('offloaded_bytes', 0)}"
+            f" B, peak saved {offload.get('peak_saved_bytes', 0)} B vs {without} B without "
+            f"({offload.get('peak_saved_bytes', 0) / without:.2f}x); FP8 GEMMs "
+            f"{fp8.get('fp8_gemms', 0)}, weight quantizations {fp8.get('weight_quantizations', 0)}"
+        )
+        skipped = ", ".join(
+            f"{reason} {n['tensors']} ({n['bytes']} B)" for reason, n in row["skipped"].items()
+        )
+        print(f"    skipped: {skipped}")
+
+
+# ----- 4. GPU copy/compute overlap (plan-driven emulation) ------------------------------------
 def emulate_stage(
     offload: bool, device: str, hidden: int, tokens: int, layers: int, steps: int
 ) -> tuple[float, int]:
@@ -273,7 +330,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--section", choices=("memory", "time", "gpu", "all"), default="all")
+    parser.add_argument(
+        "--section", choices=("memory", "time", "demo", "gpu", "all"), default="all"
+    )
+    parser.add_argument("--steps", type=int, default=30, help="training steps for [demo]")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds for [time]")
     parser.add_argument("--gpu-smoke", action="store_true", help="run [gpu] tiny on CPU")
     loadguard.add_arguments(parser)
@@ -283,6 +343,8 @@ def main(argv: list[str] | None = None) -> None:
         memory_section()
     if args.section in ("time", "all"):
         time_section(args.rounds, args)
+    if args.section in ("demo", "all"):
+        demo_section(args.steps)
     if args.section in ("gpu", "all"):
         gpu_section(args.gpu_smoke, args)
     print(loadguard.describe(args))
