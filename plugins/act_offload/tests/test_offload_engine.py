@@ -367,29 +367,6 @@ def test_offload_step_follows_plan_and_survives_a_mismatch(caplog):
     assert off.stats.late_reloads > 0 and off.stats.resident == 0
 
 
-def test_offload_report_says_inactive_on_an_unsupported_megatron(monkeypatch):
-    # Every patch is version-gated: on megatron-core 0.15 they are all skipped, and the plugin
-    # must not claim to be active (issue 14).
-    from titan_act_offload import plugin
-
-    from titan_plugins.patching import gates
-    from titan_plugins.testing import plugin_active
-
-    real = gates.resolve_version
-    monkeypatch.setattr(
-        gates,
-        "resolve_version",
-        lambda d: ("0.15.3", "metadata") if d == "megatron-core" else real(d),
-    )
-    with plugin_active("act_offload") as engine:
-        mine = [p for p in engine.patches() if p.plugin == "act_offload"]
-        assert mine and {p.status for p in mine} == {"skipped"}
-        report = plugin.titan_report()
-    assert report["active"] is False
-    assert "0.15.3" in report["why"] and "outside" in report["why"]
-    assert plugin.titan_effects() == {}
-
-
 def test_offload_registration_is_import_light():
     # What runs while megatron imports (the entry point, its settings, the block patch records)
     # imports neither torch nor megatron nor the offload machinery: they load at the first

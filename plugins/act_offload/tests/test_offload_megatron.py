@@ -281,3 +281,35 @@ def test_offload_stays_out_of_ep_overlap_schedules(gloo_pool2):
         assert_identical(result["off"], result["on"])
         assert result["on"]["stats"] is None and result["on"]["effects"] == {}
         assert any("overlap_moe_expert_parallel_comm" in w for w in result["on"]["warnings"])
+
+
+def unsupported_task() -> dict[str, Any]:
+    """Activate the plugin while megatron-core claims to be 0.15.3 (its patches are gated)."""
+    from titan_act_offload import plugin
+
+    from titan_plugins.patching import gates
+
+    real = gates.resolve_version
+    gates.resolve_version = lambda d: ("0.15.3", "metadata") if d == "megatron-core" else real(d)
+    try:
+        with plugin_active("act_offload") as engine:
+            statuses = {p.status for p in engine.patches() if p.plugin == "act_offload"}
+            return {
+                "statuses": statuses,
+                "report": plugin.titan_report(),
+                "effects": plugin.titan_effects(),
+            }
+    finally:
+        gates.resolve_version = real
+
+
+def test_offload_report_says_inactive_on_an_unsupported_megatron(gloo_pool1):
+    # Every patch is version-gated: on megatron-core 0.15 they are all skipped, and the plugin
+    # must not claim to be active (issue 14).
+    (result,) = gloo_pool1.run(unsupported_task)
+    # (a target module no worker task imported yet, e.g. MLA's, is still pending)
+    assert "skipped" in result["statuses"] and "applied" not in result["statuses"]
+    report = result["report"]
+    assert report["active"] is False
+    assert "0.15.3" in report["why"] and "outside" in report["why"]
+    assert result["effects"] == {}

@@ -141,25 +141,31 @@ def titan_effects() -> dict[str, int]:
 
 
 def _inactive_reason(runtime: _runtime.Runtime) -> str:
-    """Empty when the plugin can act: a block forward is wrapped and the core's schedule hook
-    is in place; else what stops it (e.g. an unsupported megatron-core)."""
+    """Empty when the plugin can act: a block forward is wrapped and the core's training-loop
+    hooks are in place; else what stops it (e.g. an unsupported megatron-core)."""
     if not runtime.settings.modules:
         return "TITAN_ACT_OFFLOAD_MODULES selects no block"
     from titan_plugins.activation import active
+    from titan_plugins.patching import APPLIED, PENDING
 
     state = active()
     patches = state.engine.patches() if state is not None and state.engine is not None else []
-    core = [p for p in patches if p.id.startswith("core.train_step.")]
-    if core and not any(p.status == "applied" for p in core):
-        return f"the core's schedule hook is not applied ({core[0].status}: {core[0].detail})"
-    mine = [p for p in patches if p.plugin == "act_offload"]
+    hooks = [p for p in patches if p.id.startswith(_CORE_HOOK_PATCHES)]
+    missing = next((p for p in hooks if p.status not in (APPLIED, PENDING)), None)
+    if missing is not None:
+        return f"the core's training-loop hook {missing.id} is {missing.status}: {missing.detail}"
     if runtime.blocks_patched:
         return ""
-    if mine and all(p.status == "pending" for p in mine):
+    mine = [p for p in patches if p.plugin == "act_offload"]
+    if mine and all(p.status == PENDING for p in mine):
         return "waiting for megatron-core's transformer modules to be imported"
-    skipped = next((p for p in mine if p.status != "applied"), None)
+    skipped = next((p for p in mine if p.status != APPLIED), None)
     detail = f"{skipped.status}: {skipped.detail}" if skipped is not None else "none registered"
     return f"no block patch applies ({detail})"
+
+
+# The core's records the plugin relies on (schedule calls and each microbatch's forward/backward).
+_CORE_HOOK_PATCHES = ("core.train_step.", "core.forward_microbatch", "core.backward_microbatch")
 
 
 @hookimpl
