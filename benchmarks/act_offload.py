@@ -1,20 +1,28 @@
 """Activation offload (plugin ``act_offload``): device-resident activation memory and step time
 against a baseline measured in the same run.
 
-1. ``memory``: tiny MoE GPT through megatron-core's own schedules on gloo workers (PP=2 1F1B,
-   PP=2 VPP=2, PP=4 1F1B; 8 microbatches). Per pipeline stage: microbatch units in flight, the
-   peak of device-resident saved-activation bytes with no offload (plugin dry run), with the
-   plugin, and with megatron's own fine-grained offloading (core_attn, attn_proj, qkv_linear:
-   all it can offload without TransformerEngine), estimated as the no-offload peak minus the
-   bytes megatron's own summary says it offloaded before the first backward.
+1. ``memory``: tiny MoE GPT (the demo's size: hidden 128, bf16) through megatron-core's own
+   schedules on gloo workers (PP=2 1F1B, PP=2 VPP=2, PP=4 1F1B; 8 microbatches), the plugin at
+   its defaults. Per pipeline stage: microbatch units in flight; the peak of the stage's
+   device-resident saved-activation bytes without offload and with the plugin (both measured
+   by the plugin in the same run); with megatron's own fine-grained offloading (core_attn,
+   attn_proj, qkv_linear: all it can offload without TransformerEngine), estimated as the
+   no-offload peak minus the bytes megatron's own summary says it offloaded before the first
+   backward; and with blockwise FP8 on (fp8_blockwise), without and with the plugin.
 2. ``time``: step time on CPU (world size 1, hidden 512, seq 128, every microbatch offloaded,
    so every saved tensor is memcpy'd out and back), plugin vs plugin off vs megatron's offload.
-   Goal: plugin <= 1.15x of no offload. Rounds alternate the modes; medians are printed.
-3. ``gpu``: a plan-driven 1F1B stage-0 emulation (PP=4, 8 microbatches, bf16 MLP blocks) with
+   Goal: plugin <= 1.15x of no offload. Rounds alternate the modes; medians are printed; the
+   verdict is withheld when the machine is loaded (``loadguard``, ``--force``).
+3. ``demo``: the CPU demo's job (``entrypoints/cpu_demo.py``'s model and flags: hidden 128,
+   fp32 weights with blockwise FP8, the flex dispatcher; PP=2 x EP=2, 4 microbatches) with every
+   installed plugin at its defaults, ``--steps`` steps; prints each rank's act_offload and
+   fp8_blockwise effects (``titan_effects``) and act_offload's skips per reason.
+4. ``gpu``: a plan-driven 1F1B stage-0 emulation (PP=4, 8 microbatches, bf16 MLP blocks) with
    and without the offloader on CUDA: step time (goal <= 1.05x: copies hidden behind compute)
    and torch.cuda.max_memory_allocated. Needs CUDA; ``--gpu-smoke`` runs it tiny on CPU.
 
-Usage: python benchmarks/act_offload.py [--section memory|time|gpu|all] [--rounds 3]
+Usage: python benchmarks/act_offload.py [--section memory|time|demo|gpu|all] [--rounds 3]
+       [--steps 30]
 """
 
 from __future__ import annotations
@@ -26,13 +34,17 @@ import sys
 import time
 from typing import Any
 
-OFFLOAD_ENV = {"TITAN_ACT_OFFLOAD_MIN_BYTES": "0"}
+import loadguard
+
 MEGATRON_MODULES = ["core_attn", "attn_proj", "qkv_linear"]
+SIZE = {"hidden_size": 128, "ffn_hidden_size": 256, "bf16": True}  # the demo's model, bf16
+FP8 = {"fp8": "e4m3", "fp8_recipe": "blockwise"}
 
 
 # ----- 1. memory (runs in gloo workers) ------------------------------------------------------
 def memory_task(parallel: dict, nmb: int) -> dict[str, Any]:
-    """One rank: peak saved-activation bytes with no offload, the plugin, megatron's offload."""
+    """One rank: the stage's saved-activation peaks without offload and with the plugin (bf16,
+    then bf16 + FP8), and with megatron's own offload."""
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel.fine_grained_activation_offload import (
         PipelineOffloadManager,
@@ -41,28 +53,31 @@ def memory_task(parallel: dict, nmb: int) -> dict[str, Any]:
 
     from titan_plugins.testing import plugin_active, tiny_gpt
 
+    layers = 4 * parallel.get("vpp", 1)
     row: dict[str, Any] = {}
-    for mode, env in (("none", {"TITAN_ACT_OFFLOAD_DRY_RUN": "1"}), ("plugin", {})):
+    for mode, plugins, flags in (("bf16", ["act_offload"], {}), ("fp8", None, FP8)):
         tiny_gpt.init_parallel(**parallel)
-        cfg = tiny_gpt.make_config(num_layers=4 * parallel.get("vpp", 1))
-        with plugin_active("act_offload", {**OFFLOAD_ENV, **env}):
+        with plugin_active(plugins or ["act_offload", "fp8_blockwise"]):  # plugin defaults
+            cfg = tiny_gpt.make_config(num_layers=layers, **SIZE, **flags)  # FP8: plugin's check
             tiny_gpt.train(tiny_gpt.build_model(cfg), cfg, 1, nmb)
             rt = runtime.current()
-            row[mode] = rt.stats.peak_resident
+            done = rt.effects()
+            row[mode] = (done["peak_saved_bytes_without"], done["peak_saved_bytes"])
             row["in_flight"] = rt.last_plan.in_flight_peak()
     tiny_gpt.init_parallel(**parallel)
     PipelineOffloadManager.reset_instance()
     cfg = tiny_gpt.make_config(
-        num_layers=4 * parallel.get("vpp", 1),
+        num_layers=layers,
+        **SIZE,
         fine_grained_activation_offloading=True,
         offload_modules=MEGATRON_MODULES,
         min_offloaded_tensor_size=1,
     )
     # Two steps: megatron measures during its first (warmup) step and offloads from the second.
     tiny_gpt.train(tiny_gpt.build_model(cfg), cfg, 2, nmb)
-    row["megatron"] = (
-        row["none"] - PipelineOffloadManager.get_instance().offload_summary_total_bytes
-    )
+    offloaded = PipelineOffloadManager.get_instance().offload_summary_total_bytes
+    row["megatron"] = row["bf16"][0] - offloaded
+    PipelineOffloadManager.reset_instance()
     row["stage"] = ps.get_pipeline_model_parallel_rank()
     return row
 
@@ -72,9 +87,10 @@ def memory_section() -> None:
 
     layouts = [("PP=2 1F1B", {"pp": 2}, 2), ("PP=2 VPP=2", {"pp": 2, "vpp": 2}, 2)]
     layouts.append(("PP=4 1F1B", {"pp": 4}, 4))
-    print("\n[memory] peak device-resident saved-activation bytes per stage (8 microbatches)")
+    print("\n[memory] peak of the stage's device-resident saved-activation bytes (8 microbatches)")
     print(
-        f"{'layout':12} {'stage':>5} {'in-flight':>9} {'none KiB':>9} {'plugin':>14} {'megatron':>14}"
+        f"{'layout':12} {'stage':>5} {'in-flight':>9} {'none KiB':>9} {'plugin':>6} "
+        f"{'megatron':>8} {'fp8 KiB':>8} {'fp8+plugin':>10} {'vs none':>7}"
     )
     for name, parallel, world in layouts:
         with GlooWorkerPool(world) as pool:
@@ -84,11 +100,11 @@ def memory_section() -> None:
             if row["stage"] in seen:
                 continue
             seen.add(row["stage"])
-            none = row["none"]
+            (none, plugin), (fp8_none, fp8_plugin) = row["bf16"], row["fp8"]
             print(
                 f"{name:12} {row['stage']:>5} {row['in_flight']:>9} {none / 1024:>9.1f} "
-                f"{row['plugin'] / 1024:>8.1f} {row['plugin'] / none:>4.2f}x "
-                f"{row['megatron'] / 1024:>8.1f} {row['megatron'] / none:>4.2f}x"
+                f"{plugin / none:>5.2f}x {row['megatron'] / none:>7.2f}x {fp8_none / 1024:>8.1f} "
+                f"{fp8_plugin / fp8_none:>9.2f}x {fp8_plugin / none:>6.2f}x"
             )
 
 
@@ -118,7 +134,7 @@ def time_task(rounds: int, steps: int, nmb: int) -> dict[str, list[float]]:
     mopt = tiny_gpt.make_optimizer(mmodel, mcfg)
     tiny_gpt.train(mmodel, mcfg, 1, nmb, optimizer=mopt)  # megatron's warmup step
     times: dict[str, list[float]] = {"off": [], "plugin": [], "megatron": []}
-    env = {**OFFLOAD_ENV, "TITAN_ACT_OFFLOAD_MIN_GAP": "0"}
+    env = {"TITAN_ACT_OFFLOAD_MIN_GAP": "0"}  # every microbatch goes out and back
 
     def timed(key: str, chunks: list, config: Any, optimizer: Any, context: Any) -> None:
         with context:
@@ -137,7 +153,7 @@ def time_task(rounds: int, steps: int, nmb: int) -> dict[str, list[float]]:
     return times
 
 
-def time_section(rounds: int) -> None:
+def time_section(rounds: int, args: argparse.Namespace) -> None:
     from titan_plugins.testing.workers import GlooWorkerPool
 
     with GlooWorkerPool(1) as pool:
@@ -151,18 +167,71 @@ def time_section(rounds: int) -> None:
             f"  {key:9} median {med * 1000:8.1f} ms {med / base:6.3f}x   "
             f"min {low * 1000:8.1f} ms {low / base_min:6.3f}x"
         )
-    print("  goal: plugin <= 1.15x")
+    ratio = statistics.median(times["plugin"]) / base
+    print(f"  goal: plugin <= 1.15x: {loadguard.verdict(ratio <= 1.15, args)}")
 
 
-# ----- 3. GPU copy/compute overlap (plan-driven emulation) ------------------------------------
+# ----- 3. the demo's job with every installed plugin (4 gloo workers) -------------------------
+def demo_task(steps: int) -> dict[str, Any]:
+    """One rank of the demo's job: its effects after ``steps`` steps."""
+    from importlib import metadata
+
+    from megatron.core import parallel_state as ps
+
+    from titan_plugins import report
+    from titan_plugins.testing import plugin_active, tiny_gpt
+
+    installed = sorted(ep.name for ep in metadata.entry_points(group="titan_plugins"))
+    tiny_gpt.init_parallel(pp=2, ep=2)
+    with plugin_active(installed, {"TITAN_TRACE_STEPS": ""}):
+        flags: dict[str, Any] = dict(hidden_size=128, ffn_hidden_size=256)
+        if "fp8_blockwise" in installed:  # as entrypoints/cpu_demo.py asks for them
+            flags.update(FP8)
+        if "moe_ep_overlap" in installed:
+            flags.update(moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="deepep")
+        cfg = tiny_gpt.make_config(**flags)
+        tiny_gpt.train(tiny_gpt.build_model(cfg), cfg, steps, 4)
+        effects = report.effects()
+        skipped = {p["name"]: p["report"].get("skipped") for p in report.collect()["plugins"]}
+    return {
+        "stage": ps.get_pipeline_model_parallel_rank(),
+        "ep": ps.get_expert_model_parallel_rank(),
+        "effects": effects,
+        "skipped": skipped.get("act_offload") or {},
+    }
+
+
+def demo_section(steps: int) -> None:
+    from titan_plugins.testing.workers import GlooWorkerPool
+
+    with GlooWorkerPool(4) as pool:
+        rows = pool.run(demo_task, steps, timeout=1800)
+    print(f"\n[demo] the demo's job, PP=2 x EP=2, every installed plugin, {steps} steps")
+    for row in sorted(rows, key=lambda r: (r["stage"], r["ep"])):
+        offload = row["effects"].get("act_offload", {})
+        fp8 = row["effects"].get("fp8_blockwise", {})
+        without = offload.get("peak_saved_bytes_without") or 1
+        print(
+            f"  stage {row['stage']} ep {row['ep']}: offloaded {offload.get('offloaded_bytes', 0)}"
+            f" B, peak saved {offload.get('peak_saved_bytes', 0)} B vs {without} B without "
+            f"({offload.get('peak_saved_bytes', 0) / without:.2f}x); FP8 GEMMs "
+            f"{fp8.get('fp8_gemms', 0)}, weight quantizations {fp8.get('weight_quantizations', 0)}"
+        )
+        skipped = ", ".join(
+            f"{reason} {n['tensors']} ({n['bytes']} B)" for reason, n in row["skipped"].items()
+        )
+        print(f"    skipped: {skipped}")
+
+
+# ----- 4. GPU copy/compute overlap (plan-driven emulation) ------------------------------------
 def emulate_stage(
     offload: bool, device: str, hidden: int, tokens: int, layers: int, steps: int
 ) -> tuple[float, int]:
     """1F1B stage 0 of PP=4 with 8 microbatches on MLP blocks; median step s, peak bytes."""
     import torch
-    from titan_act_offload.config import OffloadConfig
     from titan_act_offload.offloader import Offloader
     from titan_act_offload.plan import ONE_F_ONE_B, build_plan, schedule_events
+    from titan_act_offload.settings import OffloadSettings
 
     from titan_plugins import platform
 
@@ -178,8 +247,7 @@ def emulate_stage(
     ]
     params = [p for b in blocks for p in b.parameters()]
     plan = build_plan(schedule_events(ONE_F_ONE_B, 4, 0, 8), min_gap=1)
-    min_bytes = 1 << 16 if device == "cuda" else 0
-    off = Offloader(OffloadConfig(min_bytes=min_bytes), platform) if offload else None
+    off = Offloader(OffloadSettings(), platform) if offload else None  # the plugin's defaults
     if off is not None:
         off.param_storages = frozenset(p.untyped_storage().data_ptr() for p in params)
     x = torch.randn(tokens, hidden, device=device, dtype=dtype, requires_grad=True)
@@ -232,7 +300,7 @@ def emulate_stage(
     return statistics.median(times), peak
 
 
-def gpu_section(smoke: bool) -> None:
+def gpu_section(smoke: bool, args: argparse.Namespace) -> None:
     import torch
 
     if not torch.cuda.is_available() and not smoke:
@@ -247,8 +315,10 @@ def gpu_section(smoke: bool) -> None:
     print(
         f"\n[gpu] plan-driven 1F1B stage 0 (PP=4, 8 mb) on {device}: hidden {hidden}, tokens {tokens}"
     )
+    verdict = loadguard.verdict(off_t / base_t <= 1.05, args)
     print(
-        f"  step time: none {base_t * 1000:.1f} ms, offload {off_t * 1000:.1f} ms, {off_t / base_t:.3f}x (goal <= 1.05x)"
+        f"  step time: none {base_t * 1000:.1f} ms, offload {off_t * 1000:.1f} ms, "
+        f"{off_t / base_t:.3f}x (goal <= 1.05x: {verdict})"
     )
     if device == "cuda":
         print(
@@ -260,16 +330,24 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--section", choices=("memory", "time", "gpu", "all"), default="all")
+    parser.add_argument(
+        "--section", choices=("memory", "time", "demo", "gpu", "all"), default="all"
+    )
+    parser.add_argument("--steps", type=int, default=30, help="training steps for [demo]")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds for [time]")
     parser.add_argument("--gpu-smoke", action="store_true", help="run [gpu] tiny on CPU")
+    loadguard.add_arguments(parser)
     args = parser.parse_args(argv)
+    print(loadguard.describe(args))
     if args.section in ("memory", "all"):
         memory_section()
     if args.section in ("time", "all"):
-        time_section(args.rounds)
+        time_section(args.rounds, args)
+    if args.section in ("demo", "all"):
+        demo_section(args.steps)
     if args.section in ("gpu", "all"):
-        gpu_section(args.gpu_smoke)
+        gpu_section(args.gpu_smoke, args)
+    print(loadguard.describe(args))
 
 
 if __name__ == "__main__":

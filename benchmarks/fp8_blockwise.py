@@ -19,6 +19,7 @@ import argparse
 import statistics
 import time
 
+import loadguard
 import torch
 import torch.nn.functional as F
 from titan_fp8_blockwise import gemm as gemm_mod
@@ -57,12 +58,16 @@ def _saved_bytes(run, params=()) -> int:
 
 
 def linear_memory(tokens: int, hidden: int) -> None:
-    """Saved bytes of one linear layer: fp8_linear vs bf16 F.linear."""
+    """Saved bytes of one linear layer: fp8_linear vs bf16 F.linear (bytes: no load verdict)."""
     x = torch.randn(tokens, hidden, dtype=torch.bfloat16, requires_grad=True)
     w = torch.nn.Parameter(torch.randn(hidden, hidden, dtype=torch.bfloat16))
     bf16 = _saved_bytes(lambda: F.linear(x, w), [w])
     fp8 = _saved_bytes(lambda: fp8_linear(x, w), [w])
-    print(f"[memory] linear {tokens}x{hidden}: bf16 {bf16} B, fp8 {fp8} B -> {fp8 / bf16:.3f}x")
+    met = "met" if fp8 / bf16 <= 0.55 else "NOT met"
+    print(
+        f"[memory] linear {tokens}x{hidden}: bf16 {bf16} B, fp8 {fp8} B -> {fp8 / bf16:.3f}x "
+        f"(goal <= 0.55x: {met})"
+    )
 
 
 def emulation_throughput(n: int, reps: int) -> None:
@@ -87,6 +92,7 @@ def emulation_throughput(n: int, reps: int) -> None:
         print(f"[cpu {n}^3] {name:40s} {sec * 1e3:9.1f} ms  {sec / base:6.2f}x fp32 matmul")
     ratio = t["fp8 linear fwd+bwd (emulated)"] / t["fp32 linear fwd+bwd"]
     print(f"[cpu {n}^3] linear fwd+bwd: fp8 emulation / fp32 = {ratio:.2f}x (informational)")
+    print(f"[cpu {n}^3] {loadguard.describe()}")
 
 
 def _layer_saved_task(fp8: bool, swiglu: bool) -> dict:
@@ -210,8 +216,10 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1024, help="n for the n^3 CPU GEMMs")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--skip-megatron", action="store_true")
+    loadguard.add_arguments(parser)
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(loadguard.describe(args))
     linear_memory(4096, 1024)
     emulation_throughput(args.size, args.reps)
     if not args.skip_megatron:
@@ -221,6 +229,7 @@ def main() -> None:
         gpu_step_time()
     else:
         print("[gpu] skipped: CUDA is not available")
+    print(loadguard.describe(args))  # the load at the end too: timings drift with it
 
 
 if __name__ == "__main__":

@@ -58,9 +58,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--act-offload-resident",
         type=int,
-        default=2,
+        default=1,
         help="in-flight units whose activations an offloading plugin keeps on the device "
-        "(the forward in progress and the unit prefetched for the next backward)",
+        "(act_offload holds about one: the block staged in forward, or the block backward "
+        "reads and the one prefetched; measured in tests/test_compose_matrix.py)",
     )
     p.add_argument("--entry", default="pretrain_gpt.py", help="script the launcher runs")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")

@@ -26,11 +26,12 @@ class MemoryLayout:
         (:class:`~titan_plugins.plan.config.PlanConfig`).
     :param resident_units: planner assumption (``plan --act-offload-resident``): how many of
         the newest in-flight (chunk, microbatch) units an offloading plugin keeps on the device
-        (the forward in progress and the unit prefetched for the next backward).
+        (act_offload moves block by block and holds about one unit's worth: the block staged in
+        forward, or the block backward reads and the one prefetched).
     """
 
     config: PlanConfig
-    resident_units: int = 2
+    resident_units: int = 1
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,7 @@ def _states(cfg: PlanConfig, chunks: list[Chunk]) -> tuple[Params, float]:
 
 
 def stage_memory(
-    cfg: PlanConfig, resident: int = 2, effects: Sequence[MemoryEffect] | None = None
+    cfg: PlanConfig, resident: int = 1, effects: Sequence[MemoryEffect] | None = None
 ) -> list[StageMemory]:
     """Memory of every pipeline rank (rank 0 first).
 

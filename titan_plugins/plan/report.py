@@ -87,7 +87,7 @@ def build_report(
     reserve: float = 0.1,
     step_time: float | None = None,
     peak_tflops: float | None = None,
-    resident: int = 2,
+    resident: int = 1,
     effects: Sequence[MemoryEffect] | None = None,
 ) -> dict[str, Any]:
     """The whole plan as plain data (what ``--json`` prints).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from importlib import metadata
 
 from titan_plugins.activation import Activation, use
@@ -35,8 +35,11 @@ def fresh_manager(
 
 
 @contextlib.contextmanager
-def plugin_active(name: str, env: dict[str, str] | None = None) -> Iterator[PatchEngine]:
-    """Apply the installed plugin ``name`` (and only it, with the core) inside the block.
+def plugin_active(
+    name: str | Sequence[str], env: dict[str, str] | None = None
+) -> Iterator[PatchEngine]:
+    """Apply the installed plugin ``name`` (and only it, with the core) inside the block; a list
+    of names applies those plugins together (composition tests).
 
     Sets ``env``, starts a private :class:`~titan_plugins.activation.Activation` limited to the
     plugin (already-imported modules are patched at once, later imports by its watcher), makes
@@ -46,19 +49,23 @@ def plugin_active(name: str, env: dict[str, str] | None = None) -> Iterator[Patc
 
     :yield: the engine, whose ``patches()`` tell the status of each record.
     """
+    names = [name] if isinstance(name, str) else list(name)
     with environ(env):
-        eps = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
-        if not eps:
+        eps = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name in names]
+        missing = sorted(set(names) - {ep.name for ep in eps})
+        if missing:
             raise LookupError(
-                f"plugin {name!r} is not installed (entry-point group {ENTRY_POINT_GROUP})"
+                f"plugin(s) {', '.join(missing)} not installed (entry-point group "
+                f"{ENTRY_POINT_GROUP})"
             )
-        state = Activation("testing.plugin_active", only=[name], entry_points=eps)
+        state = Activation("testing.plugin_active", only=names, entry_points=eps)
         try:
             state.start()
-            record = state.manager.records[name] if state.manager else None
-            if record is None or record.state != ENABLED:
-                why = f"{record.state}: {record.reason}" if record else state.detail
-                raise RuntimeError(f"plugin {name!r} is {why}")
+            for each in names:
+                record = state.manager.records.get(each) if state.manager else None
+                if record is None or record.state != ENABLED:
+                    why = f"{record.state}: {record.reason}" if record else state.detail
+                    raise RuntimeError(f"plugin {each!r} is {why}")
             if state.errors:
                 raise RuntimeError("; ".join(state.errors))
             with use(state):

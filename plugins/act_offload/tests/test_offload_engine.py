@@ -7,9 +7,9 @@ import logging
 
 import pytest
 import torch
-from titan_act_offload.config import OffloadConfig
 from titan_act_offload.offloader import Offloader
 from titan_act_offload.plan import Unit
+from titan_act_offload.settings import OffloadSettings
 
 from titan_plugins import platform
 
@@ -64,8 +64,8 @@ def run(model, offloader: Offloader | None, offload: bool, microbatches: int = 3
 
 
 def make_offloader(model, **overrides) -> Offloader:
-    config = OffloadConfig(**{"min_bytes": 0, **overrides})
-    offloader = Offloader(config, platform)
+    settings = OffloadSettings(**{"min_bytes": 0, **overrides})
+    offloader = Offloader(settings, platform)
     offloader.param_storages = frozenset(p.untyped_storage().data_ptr() for p in model.parameters())
     return offloader
 
@@ -118,6 +118,118 @@ def test_offload_engine_dedupes_and_leaves_foreign_hooks_alone():
     assert off.stats.late_reloads == 1  # nobody prefetched this unit
 
 
+def test_offload_engine_moves_the_base_of_saved_views_once():
+    # Attention's q, k and v are strided slices of the fused QKV output: without offload the
+    # saved views pin the whole QKV storage. One record moves that storage; unpack rebuilds
+    # each view on the reloaded base.
+    lin = torch.nn.Linear(16, 48)
+
+    def forward(x):
+        y = lin(x)  # [8, 48]
+        q, k, v = y[:, :16], y[:, 16:32], y[:, 32:].t()  # non-dense views of y
+        return (q * k).sum() + (v * v).sum()
+
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    forward(x).backward()
+    expected = [x.grad.clone(), lin.weight.grad.clone()]
+    x.grad, lin.weight.grad, lin.bias.grad = None, None, None
+    off = make_offloader(lin)
+    state = off.begin_unit(Unit(0, 0), True, frozenset())
+    block = off.enter_block("attention")
+    loss = forward(x)
+    off.exit_block(block)
+    off.end_unit_forward(state)
+    assert off.stats.skipped.get("not_dense", 0) == 0
+    assert off.stats.offloaded_bytes == 8 * 48 * 4  # y, once (the input x is a leaf)
+    off.prefetch_unit(state)
+    loss.backward()
+    assert torch.equal(x.grad, expected[0]) and torch.equal(lin.weight.grad, expected[1])
+    assert off.stats.resident == 0 and off.stats.live == 0 and off.pool.in_use == 0
+
+
+class _SavesItsOwn(torch.autograd.Function):
+    """Saves a tensor made inside forward (no grad_fn), marked as an activation or not."""
+
+    @staticmethod
+    def forward(ctx, x, mark):
+        from titan_plugins.saved_tensors import mark_activation
+
+        made = x * 3  # grad mode is off in here: no grad_fn
+        ctx.save_for_backward(mark_activation(made) if mark else made)
+        return x * made
+
+    @staticmethod
+    def backward(ctx, grad):
+        (made,) = ctx.saved_tensors
+        return grad * 2 * made, None
+
+
+@pytest.mark.parametrize("mark", [True, False])
+def test_offload_engine_follows_the_saved_activation_contract(mark):
+    x = torch.randn(64, 64, requires_grad=True)
+    off = make_offloader(torch.nn.Linear(1, 1))
+    state = off.begin_unit(Unit(0, 0), True, frozenset())
+    block = off.enter_block("mlp")
+    y = _SavesItsOwn.apply(x * 1.0, mark)
+    off.exit_block(block)
+    off.end_unit_forward(state)
+    nbytes = 64 * 64 * 4
+    if mark:  # the marked tensor is an activation: it goes to host and comes back intact
+        assert off.stats.offloaded_bytes == nbytes and "leaf" not in off.stats.skipped
+    else:  # unmarked and without a grad_fn it looks like a constant: left alone
+        assert off.stats.offloaded_bytes == 0 and off.stats.skipped_bytes["leaf"] == nbytes
+    y.sum().backward()
+    assert torch.equal(x.grad, 6 * x.detach())
+
+
+def test_offload_engine_relative_size_rule_keeps_the_smallest_tail():
+    # Default settings: no fixed MIN_BYTES; per block, the smallest saved tensors stay on the
+    # device while they add up to at most KEEP_FRACTION (2%) of the block's saved bytes.
+    x = torch.randn(4, 1024, requires_grad=True)
+    off = Offloader(OffloadSettings(), platform)
+    assert off.settings.min_bytes is None and off.settings.keep_fraction == 0.02
+    state = off.begin_unit(Unit(0, 0), True, frozenset())
+    block = off.enter_block("mlp")
+    big = (x * 2).sin()  # saves x * 2: 16 KiB
+    tiny = [(x[:, :8] * k).exp() for k in range(3)]  # saves 3 outputs of 128 B (exp saves y)
+    off.exit_block(block)
+    off.end_unit_forward(state)
+    total = 16384 + 3 * 128
+    assert off.stats.skipped["small"] == 2  # 2 x 128 B <= 2% of the block; a third is not
+    assert off.stats.skipped_bytes["small"] == 256 <= 0.02 * total < 384
+    assert off.stats.offloaded_bytes == total - 256 and off.stats.peak_kept == 256
+    (big.sum() + sum(t.sum() for t in tiny)).backward()
+    assert off.stats.resident == 0 and off.stats.live == 0
+
+
+def test_offload_engine_accounts_the_whole_stage():
+    # What the forward saves outside the selected blocks (a norm, the loss) is watched too: it
+    # stays on the device and counts in the stage's figures, with and without offload.
+    model = _model()
+    off = make_offloader(model)
+    x = _input().requires_grad_()
+    losses = []
+    for mb in range(2):
+        state = off.begin_unit(Unit(0, mb), True, frozenset())
+        h = torch.sigmoid(x * (mb + 1))  # outside: sigmoid saves its output (8 x 64 fp32)
+        block = off.enter_block("mlp")
+        h = model[0](h)
+        off.exit_block(block)
+        losses.append(h.square().sum())  # outside: pow saves its input (8 x 64 fp32)
+        off.end_unit_forward(state)
+    stats = off.stats
+    outside = 2 * TOKENS * HIDDEN * 4  # per unit
+    # fc1's input is the sigmoid's saved output: one record, kept (the sigmoid needs it).
+    block = 2 * TOKENS * FFN * 4
+    assert stats.outside == 2 * outside and stats.resident == 0  # blocks went to host
+    assert stats.peak_stage_live == 2 * (outside + block)  # nothing moved: all of it
+    # Peak while unit 1's block is staged: unit 0's outside saves, unit 1's sigmoid, the block.
+    assert stats.peak_stage == outside + outside // 2 + block
+    for loss in losses:
+        loss.backward()
+    assert stats.stage == stats.outside == stats.stage_live == 0
+
+
 def test_offload_engine_leaves_released_storage_to_its_owner():
     # What megatron's CheckpointWithoutOutput does: the saved output's storage is resized to 0
     # after the consumer saved it, and restored (recomputed) before backward reads it.
@@ -152,29 +264,57 @@ def test_offload_engine_host_budget_keeps_on_device_with_warning(caplog):
     assert off.stats.offloaded_bytes + off.stats.kept_over_budget_bytes == 3 * UNIT_BYTES
 
 
-def test_offload_config_reads_env(monkeypatch):
-    monkeypatch.setenv("TITAN_ACT_OFFLOAD_MODULES", "attention,experts,bogus")
+def test_offload_settings_read_env(monkeypatch):
+    monkeypatch.setenv("TITAN_ACT_OFFLOAD_MODULES", "attention,experts")
     monkeypatch.setenv("TITAN_ACT_OFFLOAD_MAX_HOST_BYTES", "512M")
     monkeypatch.setenv("TITAN_ACT_OFFLOAD_MIN_GAP", "0")
-    config = OffloadConfig.from_env()
-    assert config.modules == ("attention", "experts")
-    assert config.max_host_bytes == 512 << 20 and config.min_gap == 0
+    settings = OffloadSettings.from_env()
+    assert settings.modules == ("attention", "experts")
+    assert settings.max_host_bytes == 512 << 20 and settings.min_gap == 0
+    assert settings.min_bytes is None and settings.keep_fraction == 0.02  # the relative rule
     monkeypatch.setenv("TITAN_ACT_OFFLOAD_MAX_HOST_BYTES", "4G")
-    assert OffloadConfig.from_env().max_host_bytes == 4 << 30
+    assert OffloadSettings.from_env().max_host_bytes == 4 << 30
     monkeypatch.delenv("TITAN_ACT_OFFLOAD_MAX_HOST_BYTES")
-    assert OffloadConfig.from_env().max_host_bytes > 0  # auto: a share of physical memory
+    assert OffloadSettings.from_env().max_host_bytes > 0  # auto: a share of physical memory
+
+
+@pytest.mark.parametrize(
+    "var, value",
+    [
+        ("TITAN_ACT_OFFLOAD_MODULES", "attention,bogus"),
+        ("TITAN_ACT_OFFLOAD_MAX_HOST_BYTES", "0.5"),
+        ("TITAN_ACT_OFFLOAD_MAX_HOST_BYTES", "0"),
+        ("TITAN_ACT_OFFLOAD_KEEP_FRACTION", "nan"),
+        ("TITAN_ACT_OFFLOAD_MIN_GAP", "-1"),
+    ],
+)
+def test_offload_settings_bad_values_warn_or_raise_under_strict(monkeypatch, caplog, var, value):
+    from titan_act_offload.settings import SETTINGS
+
+    from titan_plugins.settings import SettingError, problems
+
+    monkeypatch.setenv(var, value)
+    (message,) = problems(SETTINGS)  # what the core reports at activation
+    assert var in message and repr(value) in message
+    with caplog.at_level(logging.WARNING):
+        assert OffloadSettings.from_env() == OffloadSettings.from_env()  # defaults, no raise
+    monkeypatch.setenv("TITAN_PLUGINS_STRICT", "1")
+    with pytest.raises(SettingError, match=var):
+        OffloadSettings.from_env()
 
 
 @pytest.mark.parametrize("name", ["attention", "layer"])
-def test_offload_wiring_declares_patches(name, monkeypatch):
-    from titan_act_offload import runtime, wiring
+def test_offload_block_patches_declared(name):
+    from titan_act_offload import block_patches, plugin, runtime
 
-    rt = runtime.Runtime(OffloadConfig(modules=(name,)))
-    records = wiring.patches(rt)
-    targets = {r.target for r in records}
-    assert "megatron.core.pipeline_parallel.schedules:backward_step" in targets
+    rt = runtime.Runtime(OffloadSettings(modules=(name,)))
+    records = block_patches.patches(rt)
     assert all(r.rationale and r.remove_when for r in records)
-    assert any(name in r.id for r in records)
+    assert records and all(f"block.{name}." in r.id for r in records)
+    # The schedule is followed through the core's training-loop hooks, not patches of its own.
+    assert not any("schedules" in r.target for r in records)
+    for hook in ("titan_train_step", "titan_forward_microbatch", "titan_backward_microbatch"):
+        assert getattr(plugin, hook).titan_impl["wrapper"]
 
 
 def _drive(model, offloader, plan, backward_order):
@@ -225,3 +365,26 @@ def test_offload_step_follows_plan_and_survives_a_mismatch(caplog):
     assert all(torch.equal(a, b) for a, b in zip(reference, grads))
     assert step.mismatches == 1 and "the plan expected" in caplog.text
     assert off.stats.late_reloads > 0 and off.stats.resident == 0
+
+
+def test_offload_registration_is_import_light():
+    # What runs while megatron imports (the entry point, its settings, the block patch records)
+    # imports neither torch nor megatron nor the offload machinery: they load at the first
+    # training schedule.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import titan_act_offload.plugin as p\n"
+        "from titan_act_offload import block_patches, runtime\n"
+        "from titan_act_offload.settings import OffloadSettings\n"
+        "p.titan_settings()\n"
+        "assert block_patches.patches(runtime.Runtime(OffloadSettings.from_env()))\n"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')]\n"
+        "heavy += [m for m in sys.modules if m.startswith('titan_act_offload.') and\n"
+        "          m.split('.')[1] not in ('plugin', 'runtime', 'settings', 'block_patches', 'version')]\n"
+        "assert not heavy, heavy\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -79,11 +79,12 @@ def offload_task(
                 result = _train(parallel, overrides, nmb)
                 rt = runtime.current()
                 plan = rt.last_plan
-                stats = rt.stats.as_dict()
-                host_pool = rt.offloader.pool.stats()
+                report, effects = rt.report(), rt.effects()
+                # Absent when no schedule ran with the plugin (the offloader is built lazily).
+                stats, host_pool = report.get("stats"), report.get("host_pool")
         finally:
             log.removeHandler(handler)
-        result.update(stats=stats, host_pool=host_pool, warnings=handler.messages)
+        result.update(stats=stats, host_pool=host_pool, effects=effects, warnings=handler.messages)
         if plan is None:  # the plugin stayed out of every schedule
             results[name] = result
             continue
@@ -278,5 +279,37 @@ def test_offload_stays_out_of_ep_overlap_schedules(gloo_pool2):
     results = gloo_pool2.run(offload_task, {"ep": 2}, overrides, 2, {"off": None, "on": {}})
     for result in results:
         assert_identical(result["off"], result["on"])
-        assert result["on"]["stats"]["steps"] == 0
+        assert result["on"]["stats"] is None and result["on"]["effects"] == {}
         assert any("overlap_moe_expert_parallel_comm" in w for w in result["on"]["warnings"])
+
+
+def unsupported_task() -> dict[str, Any]:
+    """Activate the plugin while megatron-core claims to be 0.15.3 (its patches are gated)."""
+    from titan_act_offload import plugin
+
+    from titan_plugins.patching import gates
+
+    real = gates.resolve_version
+    gates.resolve_version = lambda d: ("0.15.3", "metadata") if d == "megatron-core" else real(d)
+    try:
+        with plugin_active("act_offload") as engine:
+            statuses = {p.status for p in engine.patches() if p.plugin == "act_offload"}
+            return {
+                "statuses": statuses,
+                "report": plugin.titan_report(),
+                "effects": plugin.titan_effects(),
+            }
+    finally:
+        gates.resolve_version = real
+
+
+def test_offload_report_says_inactive_on_an_unsupported_megatron(gloo_pool1):
+    # Every patch is version-gated: on megatron-core 0.15 they are all skipped, and the plugin
+    # must not claim to be active (issue 14).
+    (result,) = gloo_pool1.run(unsupported_task)
+    # (a target module no worker task imported yet, e.g. MLA's, is still pending)
+    assert "skipped" in result["statuses"] and "applied" not in result["statuses"]
+    report = result["report"]
+    assert report["active"] is False
+    assert "0.15.3" in report["why"] and "outside" in report["why"]
+    assert result["effects"] == {}

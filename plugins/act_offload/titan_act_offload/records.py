@@ -34,6 +34,7 @@ class Record:
         "handles",
         "resident",
         "kept",
+        "live",
         "done_event",
     )
 
@@ -51,8 +52,9 @@ class Record:
         self.state = STAGED
         self.pending = 1  # unpacks still expected (one per pack)
         self.handles = 1  # live handles (autograd SavedVariables) pointing here
-        self.resident = False
-        self.kept = False
+        self.resident = False  # counted in OffloadStats.resident
+        self.kept = False  # counted in OffloadStats.kept (not headed to host)
+        self.live = True  # counted in OffloadStats.live until its last use
         self.done_event: Any = None
 
     def host_view(self) -> torch.Tensor:
@@ -63,13 +65,18 @@ class Record:
 
 
 class Handle:
-    """What the pack hook gives autograd; dropping the last one releases the record."""
+    """What the pack hook gives autograd; dropping the last one releases the record.
 
-    __slots__ = ("record", "owner")
+    ``view``: the saved tensor was a non-dense view of the record's (dense) base tensor, as
+    ``(size, stride, storage offset relative to the base)``; unpack rebuilds it on the base.
+    """
 
-    def __init__(self, record: Record, owner: Any) -> None:
+    __slots__ = ("record", "owner", "view")
+
+    def __init__(self, record: Record, owner: Any, view: tuple | None = None) -> None:
         self.record = record
         self.owner = owner
+        self.view = view
 
     def __del__(self) -> None:
         try:
@@ -79,10 +86,13 @@ class Handle:
 
 
 class Block:
-    """Saved tensors of one forward of a selected module (the offload/reload granule)."""
+    """Saved tensors of one forward of a selected module (the offload/reload granule), or, with
+    ``outside``, what the unit's forward saved outside every selected module (norms, embedding,
+    loss: never moved, only accounted)."""
 
     __slots__ = (
         "name",
+        "outside",
         "unit",
         "records",
         "position",
@@ -93,8 +103,9 @@ class Block:
         "reload_event",
     )
 
-    def __init__(self, name: str, unit: UnitState) -> None:
+    def __init__(self, name: str, unit: UnitState, outside: bool = False) -> None:
         self.name = name
+        self.outside = outside
         self.unit = unit
         self.records: list[Record] = []
         self.position = -1  # index in unit.backward once the unit's forward ended
@@ -108,17 +119,44 @@ class Block:
 class UnitState:
     """Offloader state of one unit between its forward and its backward."""
 
-    __slots__ = ("unit", "offload", "blocks", "backward", "open", "dedupe", "saved", "exclude")
+    __slots__ = (
+        "unit",
+        "offload",
+        "blocks",
+        "backward",
+        "open",
+        "dedupe",
+        "saved",
+        "exclude",
+        "watching",
+        "pinned",
+    )
 
     def __init__(self, unit: Unit, offload: bool, exclude: frozenset[int] = frozenset()) -> None:
         self.unit = unit
         self.offload = offload
         self.blocks: list[Block] = []  # closed blocks, in the order they ended
         self.backward: list[Block] = []  # blocks with saves, in the order backward needs them
-        self.open: list[Block] = []  # blocks being run (nested modules)
+        self.open: list[Block] = []  # blocks being run (nested modules; the outside one first)
         self.dedupe: dict[tuple, tuple[Any, Record]] = {}
-        self.saved = 0  # distinct saved bytes
+        self.saved = 0  # distinct saved bytes in selected blocks
         self.exclude = exclude  # storages the schedule keeps alive anyway (stage inputs)
+        self.watching = False  # our hooks are pushed for the whole forward (outside block)
+        self.pinned: dict[int, int] = {}  # storage -> bytes of saved tensors left in place
+
+
+def dense_base(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The dense tensor a non-dense view was taken from, or None.
+
+    Without offload, a saved view keeps its whole storage alive (e.g. attention's q, k and v,
+    strided slices of the fused QKV projection): moving the base moves exactly that memory.
+    """
+    base = tensor._base
+    if base is None or base.dtype != tensor.dtype or type(base) is not torch.Tensor:
+        return None
+    if base.untyped_storage().data_ptr() != tensor.untyped_storage().data_ptr():
+        return None
+    return base if dense_span(base) else None
 
 
 def dense_span(tensor: torch.Tensor) -> bool:

@@ -1,8 +1,8 @@
-"""The process-wide runtime the megatron wrappers talk to: settings, the lazily built offloader,
-and the schedule invocation in progress.
+"""The process-wide runtime the hooks talk to: settings, the lazily built offloader, and the
+schedule invocation in progress.
 
-Importing this module does not import torch (activation may run inside ``import torch``): the
-offloader and step machinery load on the first schedule call.
+Importing this module imports neither torch nor the plan (activation runs while Megatron
+imports): the offloader and the step machinery load on the first schedule call.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from titan_act_offload.config import OffloadConfig
-from titan_act_offload.plan import INTERLEAVED, NO_PIPELINING, build_plan, schedule_events
+from titan_act_offload.settings import OffloadSettings
 
 if TYPE_CHECKING:
     from titan_act_offload.offloader import Offloader
+    from titan_act_offload.plan import OffloadPlan
     from titan_act_offload.step import Step
 
 logger = logging.getLogger("titan_plugins.act_offload")
@@ -23,22 +23,28 @@ _CURRENT: Runtime | None = None
 
 
 def current() -> Runtime | None:
-    """The runtime of the latest activation (tests and benchmarks read ``.stats`` from it)."""
+    """The runtime of the latest activation (tests and benchmarks read its report)."""
     return _CURRENT
 
 
 class Runtime:
     """Settings plus the per-process state; cheap to create (no torch device work)."""
 
-    def __init__(self, config: OffloadConfig, platform: Any = None) -> None:
+    def __init__(self, settings: OffloadSettings, platform: Any = None) -> None:
         global _CURRENT
-        self.config = config
+        self.settings = settings
         self._platform = platform
         self._offloader: Offloader | None = None
         self.step: Step | None = None
-        self.last_plan: Any = None
+        self.last_plan: OffloadPlan | None = None
+        self.blocks_patched: set[str] = set()  # block forwards the engine actually wrapped
         self._warned: set[str] = set()
         _CURRENT = self
+
+    @property
+    def started(self) -> bool:
+        """Whether a schedule ran with the plugin (the offloader exists)."""
+        return self._offloader is not None
 
     @property
     def offloader(self) -> Offloader:
@@ -50,13 +56,85 @@ class Runtime:
                 from titan_plugins import platform
 
                 self._platform = platform
-            self._offloader = Offloader(self.config, self._platform)
+            self._offloader = Offloader(self.settings, self._platform)
         return self._offloader
 
     @property
     def stats(self) -> Any:
         """The offloader's :class:`~titan_act_offload.accounting.OffloadStats`."""
         return self.offloader.stats
+
+    def report(self) -> dict[str, Any]:
+        """Settings, and once a schedule ran, the offloader's counters (``stats``,
+        ``host_pool``)."""
+        report: dict[str, Any] = dict(self.settings.as_dict())
+        if self._offloader is not None:
+            report.update(self._offloader.report())
+        return report
+
+    def effects(self) -> dict[str, int]:
+        """What the plugin did in this process, as numbers (empty before the first schedule).
+
+        ``offloaded_bytes``: bytes copied to host; ``reloaded_bytes``: brought back;
+        ``peak_saved_bytes``: peak of the stage's device-resident saved activations (what the
+        forward saved, offloaded blocks net of their copies); ``peak_saved_bytes_without``: the
+        same tensors' peak had nothing moved (the no-offload baseline of this very run);
+        ``steps``: training schedules run; ``offloaded_units`` / ``units``: (chunk, microbatch)
+        units the last step's plan offloaded, of all; ``skipped_tensors`` / ``skipped_bytes``:
+        saved tensors left where they were (per reason: :meth:`skipped`).
+        """
+        if self._offloader is None:
+            return {}
+        stats = self._offloader.stats
+        plan = self.last_plan
+        return {
+            "offloaded_bytes": stats.offloaded_bytes,
+            "reloaded_bytes": stats.prefetched_bytes + stats.late_reload_bytes,
+            "peak_saved_bytes": stats.peak_stage,
+            "peak_saved_bytes_without": stats.peak_stage_live,
+            "steps": stats.steps,
+            "offloaded_units": len(plan.offload) if plan is not None else 0,
+            "units": len(plan.units()) if plan is not None else 0,
+            "skipped_tensors": sum(stats.skipped.values()),
+            "skipped_bytes": sum(stats.skipped_bytes.values()),
+        }
+
+    def skipped(self) -> dict[str, dict[str, int]]:
+        """Per reason, the saved tensors left where they were: ``{"tensors": n, "bytes": b}``.
+
+        Reasons: ``leaf`` (no grad_fn and not marked as an activation: data, masks, indices,
+        norm statistics), ``parameter_or_subclass`` / ``parameter_view``, ``stage_input`` (the
+        tensor received from the previous stage), ``empty``, ``small`` (the size rule),
+        ``not_device_strided`` / ``not_dense``, ``modified_in_place``, ``released_storage``
+        (megatron's output-discarding checkpoints), ``host_budget``,
+        ``other_saved_tensors_hooks`` (blocks another hook owns; no bytes counted).
+        """
+        if self._offloader is None:
+            return {}
+        stats = self._offloader.stats
+        return {
+            reason: {"tensors": count, "bytes": stats.skipped_bytes.get(reason, 0)}
+            for reason, count in sorted(stats.skipped.items())
+        }
+
+    def why_nothing_moved(self) -> str:
+        """Why no byte was offloaded (empty when some were)."""
+        if self._offloader is not None and self._offloader.stats.offloaded_bytes:
+            return ""
+        return self._why_nothing_moved()
+
+    def _why_nothing_moved(self) -> str:
+        if self._offloader is None or self.last_plan is None:
+            return "no training schedule ran with the plugin"
+        if self.settings.dry_run:
+            return "TITAN_ACT_OFFLOAD_DRY_RUN=1"
+        if not self.last_plan.offload:
+            return (
+                "no microbatch waits between its forward and its backward on this stage "
+                f"(TITAN_ACT_OFFLOAD_MIN_GAP={self.settings.min_gap}; the last pipeline stage runs "
+                "each backward right after its forward: MIN_GAP=0 offloads block by block)"
+            )
+        return "every saved tensor was skipped (see skipped)"
 
     def warn_once(self, key: str, message: str) -> None:
         """Log ``message`` the first time ``key`` comes up."""
@@ -69,7 +147,7 @@ class Runtime:
         if self.step is not None or kwargs.get("forward_only"):
             return None
         model = kwargs.get("model")
-        models = list(model) if isinstance(model, (list, tuple)) else [model]
+        models = list(model) if isinstance(model, list | tuple) else [model]
         config = _model_config(models[0])
         if config is not None and getattr(config, "overlap_moe_expert_parallel_comm", False):
             self.warn_once(
@@ -79,26 +157,26 @@ class Runtime:
                 "Disable one of the two (TITAN_ACT_OFFLOAD=0 or the EP overlap).",
             )
             return None
+        from titan_act_offload.plan import build_plan, schedule_events
+        from titan_act_offload.step import Step
+
         pp_size, pp_rank = _pipeline_position(kwargs)
         group = getattr(config, "microbatch_group_size_per_vp_stage", None) or pp_size
         events = schedule_events(
             kind, pp_size, pp_rank, kwargs["num_microbatches"], len(models), group
         )
         offloader = self.offloader
-        stats = offloader.stats
         # Unit is a NamedTuple: the (chunk, microbatch) keys of the last step look it up as is.
         plan = build_plan(
             events,
-            self.config.min_gap,
-            unit_bytes=stats.unit_bytes or None,
-            host_budget=self.config.max_host_bytes,
+            self.settings.min_gap,
+            unit_bytes=offloader.stats.unit_bytes or None,
+            host_budget=self.settings.max_host_bytes,
         )
         self.last_plan = plan
         offloader.param_storages = frozenset(
             p.untyped_storage().data_ptr() for m in models for p in m.parameters()
         )
-        from titan_act_offload.step import Step
-
         self.step = Step(offloader, plan, models)
         return self.step
 
@@ -136,10 +214,3 @@ def _pipeline_position(kwargs: dict[str, Any]) -> tuple[int, int]:
         parallel_state.get_pipeline_model_parallel_world_size(),
         parallel_state.get_pipeline_model_parallel_rank(),
     )
-
-
-KIND_BY_FUNCTION = {
-    "forward_backward_no_pipelining": NO_PIPELINING,
-    "forward_backward_pipelining_without_interleaving": "1f1b",
-    "forward_backward_pipelining_with_interleaving": INTERLEAVED,
-}

@@ -106,7 +106,9 @@ class Step:
     def end_backward(self, unit: Unit | None) -> None:
         """backward_step returned: the unit's activations have been consumed."""
         if unit is not None:
-            self._units.pop(unit, None)
+            state = self._units.pop(unit, None)
+            if state is not None:
+                self.offloader.end_unit_backward(state)
 
     def finish(self) -> None:
         """The schedule returned: settle copies and publish per-unit bytes."""
@@ -116,5 +118,7 @@ class Step:
         stats.steps += 1
         stats.schedule_mismatches += self.mismatches
         stats.unit_bytes = {tuple(u): b for u, b in self._bytes.items()}
+        for state in self._units.values():  # units whose backward this schedule did not run
+            self.offloader.end_unit_backward(state)
         self._units.clear()
         self._outputs.clear()

@@ -13,38 +13,39 @@ from typing import Any
 import torch
 
 from titan_act_offload.accounting import OffloadStats
-from titan_act_offload.config import OffloadConfig
 from titan_act_offload.host_pool import HostBufferPool
-from titan_act_offload.records import EXTERNAL, HOST, RELOADED, STAGED, Block, Record
+from titan_act_offload.records import EXTERNAL, HOST, KEPT, RELOADED, STAGED, Block, Record
 
 logger = logging.getLogger("titan_plugins.act_offload")
 _NULL = contextlib.nullcontext()
 
 
-class DeviceHostCopies:
-    """Mixin of :class:`~titan_act_offload.offloader.Offloader`: the copy side."""
+class HostCopies:
+    """Moves the records of a block to the host pool and back, and accounts for every byte.
 
-    config: OffloadConfig
-    platform: Any
-    device: Any
-    asynchronous: bool
-    stats: OffloadStats
-    pool: HostBufferPool
-    d2h_stream: Any
-    h2d_stream: Any
-    _in_flight: deque[Record]
-    _budget_warned: bool
+    :param platform: ``titan_plugins.platform`` (or a stand-in): device, streams, events.
+    :param stats: the offloader's counters.
+    :param pool: host buffers (its budget limits what goes out).
+    """
 
-    def _enter(self, record: Record, kept: bool) -> None:
-        raise NotImplementedError
+    def __init__(self, platform: Any, stats: OffloadStats, pool: HostBufferPool) -> None:
+        self.platform = platform
+        self.stats = stats
+        self.pool = pool
+        self.device = platform.current_device()
+        self.asynchronous = platform.device_type() != "cpu"
+        self.d2h_stream = platform.new_stream()
+        self.h2d_stream = platform.new_stream()
+        self._in_flight: deque[Record] = deque()
+        self._budget_warned = False
 
-    def _leave(self, record: Record) -> None:
-        raise NotImplementedError
+    def keep(self, record: Record, reason: str) -> None:
+        """Leave ``record`` on the device (it was headed to host)."""
+        record.state = KEPT
+        self.stats.keep(record, reason)
 
-    def _keep(self, record: Record, reason: str) -> None:
-        raise NotImplementedError
-
-    def _offload(self, block: Block) -> None:
+    def offload(self, block: Block) -> None:
+        """Copy the block's staged records to host buffers (d2h stream on GPUs)."""
         records = [r for r in block.records if r.state == STAGED]
         if not records:
             return
@@ -63,11 +64,11 @@ class DeviceHostCopies:
                     # megatron's CheckpointWithoutOutput released it; its recompute restores
                     # the storage before backward reads it.
                     record.state = EXTERNAL
-                    self._leave(record)
-                    self.stats.skipped["released_storage"] += 1
+                    self.stats.leave(record)
+                    self.stats.skip("released_storage", record.nbytes)
                     continue
                 if device._version != record.version:
-                    self._keep(record, "modified_in_place")
+                    self.keep(record, "modified_in_place")
                     continue
                 buffer = self.pool.acquire(record.nbytes)
                 if buffer is None:
@@ -79,14 +80,15 @@ class DeviceHostCopies:
                 self.stats.offloaded_bytes += record.nbytes
                 if done is None:
                     record.device = None
-                    self._leave(record)
+                    self.stats.leave(record)
                 else:
                     record.done_event = done
                     self._in_flight.append(record)
             if done is not None:
                 done.record(self.d2h_stream)
 
-    def _reload(self, block: Block, prefetch: bool, force: bool = False) -> None:
+    def reload(self, block: Block, prefetch: bool, force: bool = False) -> None:
+        """Bring the block's records on host back to the device (h2d stream on GPUs)."""
         if block.reloaded and not force:
             return
         records = [r for r in block.records if r.state == HOST]
@@ -105,7 +107,7 @@ class DeviceHostCopies:
                     tensor.copy_(record.host_view(), non_blocking=self.asynchronous)
                     record.device = tensor
                 record.state = RELOADED
-                self._enter(record, kept=False)
+                self.stats.enter(record, kept=False)
                 if prefetch:
                     self.stats.prefetched_bytes += record.nbytes
                 else:
@@ -114,12 +116,13 @@ class DeviceHostCopies:
                 block.reload_event = self.platform.new_event()
                 block.reload_event.record(self.h2d_stream)
 
-    def _prefetch_after(self, block: Block) -> None:
-        if block.position < 0:
-            return  # unpacked before its unit's forward ended: no order yet
-        start = block.position + 1
-        for nxt in block.unit.backward[start : start + self.config.prefetch_blocks]:
-            self._reload(nxt, prefetch=True)
+    def wait_reloaded(self, record: Record, tensor: torch.Tensor) -> None:
+        """Make the current stream wait for the reload of ``record`` before autograd uses it."""
+        event = record.block.reload_event
+        if self.asynchronous and record.state == RELOADED and event is not None:
+            current = self.platform.current_stream()
+            event.wait(current)
+            tensor.record_stream(current)
 
     def poll(self) -> None:
         """Release device copies whose device-to-host copy has completed (GPU)."""
@@ -128,9 +131,9 @@ class DeviceHostCopies:
             record.done_event = None
             if record.state == HOST:
                 record.device = None
-                self._leave(record)
+                self.stats.leave(record)
             if record.handles == 0:
-                self._release_host(record)
+                self.release_host(record)
 
     def synchronize(self) -> None:
         """Wait for every copy in flight (end of a step)."""
@@ -138,11 +141,17 @@ class DeviceHostCopies:
             record.done_event.synchronize()
         self.poll()
 
+    def release_host(self, record: Record) -> None:
+        """Give the record's host buffer back to the pool."""
+        if record.host_buffer is not None:
+            self.pool.release(record.host_buffer)
+            record.host_buffer = None
+
     def _on(self, stream: Any) -> Any:
         return self.platform.stream_context(stream) if self.asynchronous else _NULL
 
     def _over_budget(self, record: Record) -> None:
-        self._keep(record, "host_budget")
+        self.keep(record, "host_budget")
         self.stats.kept_over_budget_bytes += record.nbytes
         if not self._budget_warned:
             self._budget_warned = True
@@ -153,8 +162,3 @@ class DeviceHostCopies:
                 self.pool.budget,
                 self.pool.in_use,
             )
-
-    def _release_host(self, record: Record) -> None:
-        if record.host_buffer is not None:
-            self.pool.release(record.host_buffer)
-            record.host_buffer = None

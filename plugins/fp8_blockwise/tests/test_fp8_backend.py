@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from titan_fp8_blockwise import backend, knobs
-from titan_fp8_blockwise.megatron_patches import _wrap_get_fp8_context
+from titan_fp8_blockwise import backend, settings
+from titan_fp8_blockwise.patches import _wrap_get_fp8_context
 
 from titan_plugins import platform
 from titan_plugins.settings import SettingError
@@ -16,13 +16,7 @@ from titan_plugins.settings import SettingError
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch):
-    for var in (
-        knobs.BACKEND,
-        knobs.SCALES,
-        knobs.HIGH_PRECISION,
-        knobs.FORCE,
-        "TITAN_PLUGINS_STRICT",
-    ):
+    for var in [s.name for s in settings.SETTINGS] + ["TITAN_PLUGINS_STRICT"]:
         monkeypatch.delenv(var, raising=False)
     backend.reset()
     yield
@@ -50,7 +44,7 @@ def _te(available: bool, monkeypatch) -> None:
 
 def test_fp8_backend_te_requested_but_absent_warns_and_falls_back(monkeypatch, caplog):
     _te(False, monkeypatch)
-    monkeypatch.setenv(knobs.BACKEND, "te")
+    monkeypatch.setenv(settings.BACKEND.name, "te")
     with caplog.at_level(logging.WARNING, logger="titan_plugins"):
         assert backend.resolve_backend() == "torch"
     assert "fake TE probe" in caplog.text and "pure-torch" in caplog.text
@@ -59,7 +53,7 @@ def test_fp8_backend_te_requested_but_absent_warns_and_falls_back(monkeypatch, c
 
 def test_fp8_backend_te_requested_but_absent_is_an_error_under_strict(monkeypatch):
     _te(False, monkeypatch)
-    monkeypatch.setenv(knobs.BACKEND, "te")
+    monkeypatch.setenv(settings.BACKEND.name, "te")
     monkeypatch.setenv("TITAN_PLUGINS_STRICT", "1")
     with pytest.raises(SettingError, match="TITAN_FP8_BLOCKWISE_BACKEND=te"):
         backend.resolve_backend()
@@ -79,7 +73,7 @@ def test_fp8_backend_te_present_leaves_megatron_its_own_path(monkeypatch):
 
 def test_fp8_backend_torch_choice_ignores_te(monkeypatch):
     _te(True, monkeypatch)
-    monkeypatch.setenv(knobs.BACKEND, "torch")
+    monkeypatch.setenv(settings.BACKEND.name, "torch")
     assert backend.resolve_backend() == "torch"
 
 
@@ -91,7 +85,7 @@ def test_fp8_backend_other_recipes_are_not_served(monkeypatch):
 
 def test_fp8_backend_recipe_follows_format_and_scale_knob(monkeypatch):
     _te(False, monkeypatch)
-    monkeypatch.setenv(knobs.SCALES, "deepseek")
+    monkeypatch.setenv(settings.SCALES.name, "deepseek")
     recipe = backend.recipe_for(_config(fp8="hybrid"))
     assert recipe.bwd_dtype == torch.float8_e5m2 and recipe.fwd_dtype == torch.float8_e4m3fn
     assert recipe.scales == "deepseek"
@@ -119,14 +113,16 @@ def test_fp8_backend_shape_the_blocks_cannot_serve(monkeypatch, fields, named):
 
 
 def test_fp8_backend_high_precision_knob(monkeypatch, caplog):
-    monkeypatch.setenv(knobs.HIGH_PRECISION, "router, bogus")
+    monkeypatch.setenv(settings.HIGH_PRECISION.name, "router, norms")
+    assert settings.high_precision() == {"router", "embedding", "norms"}  # embedding: always
+    monkeypatch.setenv(settings.HIGH_PRECISION.name, "router, bogus")
     with caplog.at_level(logging.WARNING, logger="titan_plugins"):
-        parts = knobs.high_precision()
-    assert parts == {"router", "embedding", "norms"}  # embedding/norms always; bogus dropped
-    assert "bogus" in caplog.text
+        parts = settings.high_precision()
+    assert parts == set(settings.HIGH_PRECISION_PARTS)  # a bad value: warned, default used
+    assert "bogus" in caplog.text and "output_head" in caplog.text  # names what is accepted
     monkeypatch.setenv("TITAN_PLUGINS_STRICT", "1")
     with pytest.raises(SettingError, match="output_head"):
-        knobs.high_precision()
+        settings.high_precision()
 
 
 def test_fp8_backend_configure_hook_force_and_validation(monkeypatch):
@@ -136,7 +132,7 @@ def test_fp8_backend_configure_hook_force_and_validation(monkeypatch):
     cfg = _config(fp8=None, fp8_recipe="delayed")
     plugin.titan_configure(cfg)  # FORCE off: untouched
     assert (cfg.fp8, cfg.fp8_recipe) == (None, "delayed")
-    monkeypatch.setenv(knobs.FORCE, "1")
+    monkeypatch.setenv(settings.FORCE.name, "1")
     cfg = _config(fp8=None, fp8_recipe="delayed")
     plugin.titan_configure(cfg)
     assert (cfg.fp8, cfg.fp8_recipe) == ("e4m3", "blockwise")
@@ -147,7 +143,7 @@ def test_fp8_backend_configure_hook_force_and_validation(monkeypatch):
 
 
 def test_fp8_backend_te_general_gemm_fix():
-    from titan_fp8_blockwise.megatron_patches import _te_general_gemm
+    from titan_fp8_blockwise.patches import _te_general_gemm
 
     from titan_plugins.patching import MISSING
 
@@ -163,10 +159,16 @@ def test_fp8_backend_plugin_import_is_cheap_and_megatron_free():
     import subprocess
     import sys
 
+    # What runs while megatron imports: the entry point, the settings, the patch records. The
+    # FP8 machinery (quantizer, GEMM, linear, SwiGLU store, weight cache) loads at first use.
     code = (
-        "import sys, titan_fp8_blockwise.plugin as p, titan_fp8_blockwise.megatron_patches as m\n"
-        "assert not [n for n in sys.modules if n.startswith('megatron')], 'megatron imported'\n"
+        "import sys, titan_fp8_blockwise.plugin as p, titan_fp8_blockwise.patches as m\n"
+        "p.titan_settings()\n"
         "assert len(m.patches()) >= 10\n"
+        "assert not [n for n in sys.modules if n.startswith('megatron')], 'megatron imported'\n"
+        "heavy = ('quantize', 'gemm', 'linear', 'recipe', 'swiglu_store', 'weight_cache')\n"
+        "loaded = [h for h in heavy if 'titan_fp8_blockwise.' + h in sys.modules]\n"
+        "assert not loaded, loaded\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -29,9 +29,9 @@ def _train_task(
     tiny_gpt.init_parallel(ep=ep)
     active = plugin_active("fp8_blockwise", env) if env is not None else contextlib.nullcontext()
     with active as engine:
-        from titan_fp8_blockwise import region
+        from titan_fp8_blockwise import effects, region
 
-        region.CALLS.clear()
+        effects.reset()
         flags = {"fp8": "e4m3", "fp8_recipe": "blockwise"} if fp8 else {}
         cfg = tiny_gpt.make_config(**flags, **(extra or {}))
         chunks = tiny_gpt.build_model(cfg)
@@ -40,6 +40,7 @@ def _train_task(
             "losses": losses,
             "norms": norms,
             "calls": dict(region.CALLS),
+            "effects": effects.effects(),
             "fp8": (cfg.fp8, str(getattr(cfg.fp8_recipe, "value", cfg.fp8_recipe))),
             "plan_context_patched": _plan_context_patched(),
             "failed": [p.id for p in engine.patches() if p.status == "failed"] if engine else [],
@@ -88,6 +89,11 @@ def test_fp8_megatron_ws1_trains_within_loss_gap(gloo_pool1, reference_ws1):
         "ColumnParallelLinear.expert": 8 * STEPS,
         "RowParallelLinear.expert": 8 * STEPS,
     }
+    # What ran, counted where it runs: each of those 20 layer calls per step ran its three GEMMs
+    # in FP8 (forward, input gradient, weight gradient); 20 weights quantized once per step.
+    done = run["effects"]
+    assert [done[f"fp8_{p}_gemms"] for p in ("fprop", "dgrad", "wgrad")] == [20 * STEPS] * 3
+    assert done["fp8_gemms"] == 60 * STEPS and done["weight_quantizations"] == 20 * STEPS
     gaps = _gaps(run["losses"], reference_ws1["losses"])
     assert run["losses"][-1] < 0.5 * run["losses"][0]
     assert 0 < sum(gaps) / len(gaps) <= 0.005
@@ -160,7 +166,7 @@ def test_fp8_megatron_recompute_stays_in_fp8(gloo_pool1, recompute):
 
 def test_fp8_megatron_plugin_without_fp8_flags_is_bit_identical(gloo_pool1, reference_ws1):
     run = gloo_pool1.run(_train_task, {}, False, 5)[0]
-    assert run["calls"] == {}
+    assert run["calls"] == {} and run["effects"] == {}
     assert run["losses"] == reference_ws1["losses"][:5]
     assert run["norms"] == reference_ws1["norms"][:5]
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from titan_fp8_blockwise import knobs
-from titan_fp8_blockwise.recipe import BlockwiseRecipe
+from titan_fp8_blockwise import settings
+
+if TYPE_CHECKING:
+    from titan_fp8_blockwise.recipe import BlockwiseRecipe
 
 ALIGN = 16  # every GEMM dimension: cuBLAS/TE block-scaled FP8 (megatron's get_fp8_align_size)
 _ATTR = "_titan_fp8_blockwise_recipe"
@@ -23,7 +25,7 @@ def resolve_backend() -> str:
     ``auto`` takes TE when ``platform.probe_te_blockwise()`` finds Float8BlockScaling; ``te``
     without it warns and falls back (raises ``SettingError`` under TITAN_PLUGINS_STRICT=1).
     """
-    choice = knobs.backend_choice()
+    choice = settings.BACKEND.read()
     if choice in _resolved:
         return _resolved[choice]
     backend = "torch"
@@ -37,7 +39,7 @@ def resolve_backend() -> str:
             from titan_plugins.settings import complain
 
             complain(
-                f"fp8_blockwise: {knobs.BACKEND}=te but {probe.detail}; using the plugin's "
+                f"fp8_blockwise: {settings.BACKEND.name}=te but {probe.detail}; using the plugin's "
                 f"pure-torch blockwise FP8 instead (fix: {probe.fix})"
             )
     _resolved[choice] = backend
@@ -96,8 +98,10 @@ def recipe_for(config: Any) -> BlockwiseRecipe | None:
         return cached or None
     recipe: BlockwiseRecipe | bool = False
     if wants_blockwise(config) and resolve_backend() == "torch":
+        from titan_fp8_blockwise.recipe import BlockwiseRecipe
+
         validate(config)
-        recipe = BlockwiseRecipe.from_format(str(config.fp8), knobs.scales())
+        recipe = BlockwiseRecipe.from_format(str(config.fp8), settings.SCALES.read())
     try:
         setattr(config, _ATTR, recipe)
     except AttributeError:

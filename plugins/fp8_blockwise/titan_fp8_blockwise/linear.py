@@ -18,10 +18,12 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from titan_fp8_blockwise.effects import count_gemm
 from titan_fp8_blockwise.gemm import gemm
 from titan_fp8_blockwise.quantize import Quantized, dequantize, quantize_tiles
 from titan_fp8_blockwise.recipe import BlockwiseRecipe
 from titan_fp8_blockwise.weight_cache import quantized_weight
+from titan_plugins.saved_tensors import mark_activation
 
 
 def _gather_tokens(x: torch.Tensor, group) -> torch.Tensor:
@@ -80,12 +82,14 @@ class BlockwiseFP8LinearFunction(torch.autograd.Function):
         x2 = total.reshape(-1, total.shape[-1])
         q_w = quantized_weight(weight, recipe.fwd_dtype, recipe.scales)
         y = gemm(quantize_tiles(x2, recipe.fwd_dtype, recipe.scales), q_w)
+        count_gemm("fprop")
         if bias is not None:
             y = y + bias.float()
         # Only the token-tiled copy of the *local* input is kept for wgrad.
         local2 = x.reshape(-1, x.shape[-1])
         q_xt = quantize_tiles(local2.t(), recipe.fwd_dtype, recipe.scales)
-        ctx.save_for_backward(q_xt.data, q_xt.scale_inv)
+        # Made here without a grad_fn, yet activations: an offloader may move them.
+        ctx.save_for_backward(mark_activation(q_xt.data), mark_activation(q_xt.scale_inv))
         ctx.q_w, ctx.weight, ctx.recipe = q_w, weight, recipe
         ctx.x_dtype, ctx.x_shape, ctx.use_bias = x.dtype, x.shape, bias is not None
         ctx.sequence_parallel, ctx.allreduce_dgrad, ctx.tp_group = (
@@ -108,6 +112,7 @@ class BlockwiseFP8LinearFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             q_dy = quantize_tiles(dy, recipe.bwd_dtype, recipe.scales)
             dgrad = gemm(q_dy, _transposed(ctx.q_w)).to(ctx.x_dtype)
+            count_gemm("dgrad")
         if dgrad is None:
             pass
         elif ctx.sequence_parallel:
@@ -127,6 +132,7 @@ class BlockwiseFP8LinearFunction(torch.autograd.Function):
             wgrad = gemm(q_dyt, x_t)
         else:
             wgrad = dequantize(q_dyt, torch.float32) @ x_t.t()
+        count_gemm("wgrad")
         grad_bias = dy.float().sum(0).to(grad_output.dtype) if ctx.use_bias else None
         grad_weight = _route_wgrad(ctx, weight, wgrad)
         if handle is not None:

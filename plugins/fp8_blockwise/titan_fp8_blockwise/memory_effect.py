@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from titan_plugins import hookimpl
 from titan_plugins.plan.effects import MemoryEffect, MemoryLayout
 
 
@@ -19,7 +18,6 @@ def stored_bytes(tensor: Any, size: float) -> float:
     return tensor.fp8_bytes()
 
 
-@hookimpl
 def titan_memory_effect(layout: MemoryLayout) -> MemoryEffect:
     """Blockwise-FP8 storage of linear-layer inputs (the same for every layout)."""
     switch, flags = "TITAN_FP8_BLOCKWISE=1", "--fp8-format e4m3 --fp8-recipe blockwise"

@@ -1,16 +1,14 @@
 """Hook implementations of the ``fp8_blockwise`` plugin (the entry-point target).
 
-Importing this module must stay cheap and must not import megatron: the patch factories and
-replacements import megatron lazily.
+Light at import and at activation (both happen while Megatron imports): settings, the backend
+choice and patch records only. The FP8 machinery loads at its first use in an FP8 region.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
-# the plan hook (titan_memory_effect) is registered with this module
-from titan_fp8_blockwise.memory_effect import titan_memory_effect as titan_memory_effect
 from titan_plugins import hookimpl
 from titan_plugins.patching import Patch
 from titan_plugins.settings import Setting
@@ -18,9 +16,9 @@ from titan_plugins.settings import Setting
 
 @hookimpl
 def titan_register_patches(register: Callable[[Patch], None]) -> None:
-    """Register the FP8 region, linear-layer, router, step-boundary and no-TE fix patches."""
+    """Register the FP8 region, linear-layer, router, SwiGLU-store and no-TE fix patches."""
     from titan_fp8_blockwise import backend
-    from titan_fp8_blockwise.megatron_patches import patches
+    from titan_fp8_blockwise.patches import patches
 
     backend.reset()  # re-read TITAN_FP8_BLOCKWISE_BACKEND on each activation
     for patch in patches():
@@ -30,17 +28,36 @@ def titan_register_patches(register: Callable[[Patch], None]) -> None:
 @hookimpl
 def titan_settings() -> list[Setting]:
     """The TITAN_FP8_BLOCKWISE_* knobs."""
-    from titan_fp8_blockwise.knobs import SETTINGS
+    from titan_fp8_blockwise.settings import SETTINGS
 
     return list(SETTINGS)
+
+
+@hookimpl(wrapper=True)
+def titan_train_step(step: Any) -> Generator[None, Any, Any]:
+    """One forward-backward call is one step: weights are quantized again from here on (the
+    distributed optimizer updates them without bumping their version counters)."""
+    from titan_fp8_blockwise import weight_cache
+
+    weight_cache.next_step()
+    return (yield)
+
+
+@hookimpl
+def titan_memory_effect(layout: Any) -> Any:
+    """What the plugin does to per-rank memory, for ``titan-plugins plan``
+    (``memory_effect.py``: imported here, not while megatron loads)."""
+    from titan_fp8_blockwise.memory_effect import titan_memory_effect as effect
+
+    return effect(layout)
 
 
 @hookimpl
 def titan_configure(config: Any) -> None:
     """Apply TITAN_FP8_BLOCKWISE_FORCE to a megatron.training config and validate its shapes."""
-    from titan_fp8_blockwise import backend, knobs
+    from titan_fp8_blockwise import backend, settings
 
-    if knobs.force() and not backend.wants_blockwise(config):
+    if settings.FORCE.read() and not backend.wants_blockwise(config):
         config.fp8 = config.fp8 or "e4m3"
         config.fp8_recipe = "blockwise"
     backend.recipe_for(config)  # raises ValueError naming the misfit dimension
@@ -48,17 +65,26 @@ def titan_configure(config: Any) -> None:
 
 @hookimpl
 def titan_report() -> dict[str, Any]:
-    """Backend, knobs, FP8 GEMM call counts and weight-cache counters."""
-    from titan_fp8_blockwise import backend, knobs, region, weight_cache
+    """Backend, knobs, FP8 layer calls by kind and the weight cache's counters."""
+    from titan_fp8_blockwise import backend, effects, settings
 
     return {
         "backend": backend.resolve_backend(),
-        "scales": knobs.scales(),
-        "high_precision": sorted(knobs.high_precision()),
-        "force": knobs.force(),
-        "fp8_gemm_calls": dict(region.CALLS),
-        "weight_cache": weight_cache.stats(),
+        "scales": settings.SCALES.read(),
+        "high_precision": sorted(settings.high_precision()),
+        "force": settings.FORCE.read(),
+        "fp8_gemm_calls": dict(effects.CALLS),  # FP8 layer forwards by kind
+        "weight_cache": dict(effects.WEIGHT_CACHE),
     }
+
+
+@hookimpl
+def titan_effects() -> dict[str, int]:
+    """What ran in FP8 in this process: FP8 GEMMs (all passes and per pass), FP8 layer calls,
+    weight quantizations (see ``titan_fp8_blockwise.effects.effects``)."""
+    from titan_fp8_blockwise import effects
+
+    return effects.effects()
 
 
 @hookimpl

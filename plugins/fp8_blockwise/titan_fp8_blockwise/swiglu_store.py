@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from titan_fp8_blockwise.quantize import Quantized, dequantize, quantize_tiles
 from titan_fp8_blockwise.recipe import BlockwiseRecipe
+from titan_plugins.saved_tensors import mark_activation
 
 
 def _swiglu(y: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
@@ -31,7 +32,10 @@ class BlockwiseStoredSwiGLU(torch.autograd.Function):
         q = quantize_tiles(y, recipe.fwd_dtype, recipe.scales)
         ctx.has_weights = weights is not None
         ctx.y_dtype = y.dtype
-        ctx.save_for_backward(q.data, q.scale_inv, *([weights] if ctx.has_weights else []))
+        # The FP8 copy and its scales have no grad_fn but are activations (an offloader may
+        # move them); the routing weights are the caller's tensor.
+        saved = [mark_activation(q.data), mark_activation(q.scale_inv)]
+        ctx.save_for_backward(*saved, *([weights] if ctx.has_weights else []))
         return _swiglu(y, weights)
 
     @staticmethod

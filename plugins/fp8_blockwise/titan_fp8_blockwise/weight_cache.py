@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
+from titan_fp8_blockwise.effects import WEIGHT_CACHE as _state
 from titan_fp8_blockwise.quantize import Quantized, quantize_blocks
 
 _ATTR = "_titan_fp8_blockwise_cache"
-_state = {"epoch": 0, "hits": 0, "misses": 0}
 
 
 def next_step() -> int:

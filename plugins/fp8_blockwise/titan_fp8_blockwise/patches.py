@@ -1,6 +1,8 @@
 """Patch records that route unmodified megatron-core through the blockwise-FP8 layers.
 
-megatron is imported only inside the replacement functions (never when this module loads).
+Light: this module is imported at activation, while Megatron imports, and most factories run
+then too. The FP8 machinery (quantizer, GEMM, linear layer, SwiGLU store) and megatron are
+imported inside the replacement functions, at their first call in an FP8 region.
 """
 
 from __future__ import annotations
@@ -10,24 +12,15 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from titan_fp8_blockwise import backend, knobs, region, weight_cache
-from titan_fp8_blockwise.linear import fp8_linear
-from titan_fp8_blockwise.swiglu_store import stored_swiglu
+from titan_fp8_blockwise import backend, region, settings
 from titan_plugins.patching import MISSING, MODULE, SUPPORTED_MEGATRON, Patch, Signature
 
 LAYERS = "megatron.core.tensor_parallel.layers"
-SCHEDULES = "megatron.core.pipeline_parallel.schedules"
 # What the wrapped megatron code must look like (checked on the imported code; a mismatch skips).
 LINEAR_KWARGS = Signature(  # _forward_impl's replacement calls fp8_linear with these keywords
     of="linear_with_grad_accumulation_and_async_allreduce",
     params=("input", "weight", "bias", "gradient_accumulation_fusion", "allreduce_dgrad")
     + ("sequence_parallel", "grad_output_buffer", "tp_group"),
-)
-ONE_CALL_ONE_STEP = Signature(params=("forward_step_func", "data_iterator", "model"))
-SCHEDULE_FUNCS = (
-    "forward_backward_no_pipelining",
-    "forward_backward_pipelining_without_interleaving",
-    "forward_backward_pipelining_with_interleaving",
 )
 
 
@@ -50,7 +43,7 @@ def _wrap_get_fp8_context(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _wrap_forward_impl(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def factory(original: Callable[..., Any]) -> Callable[..., Any]:
-        head_in_fp8 = "output_head" not in knobs.high_precision()
+        head_in_fp8 = "output_head" not in settings.high_precision()
 
         @functools.wraps(original)
         def _forward_impl(self: Any, input: Any, weight: Any, *args: Any, **kwargs: Any) -> Any:
@@ -71,6 +64,8 @@ def _wrap_forward_impl(kind: str) -> Callable[[Callable[..., Any]], Callable[...
                 from megatron.core import parallel_state
 
                 tp_group = parallel_state.get_tensor_model_parallel_group()
+            from titan_fp8_blockwise.linear import fp8_linear
+
             return fp8_linear(
                 input,
                 weight,
@@ -88,7 +83,7 @@ def _wrap_forward_impl(kind: str) -> Callable[[Callable[..., Any]], Callable[...
 
 
 def _wrap_router_gating(original: Callable[..., Any]) -> Callable[..., Any]:
-    router_in_fp8 = "router" not in knobs.high_precision()
+    router_in_fp8 = "router" not in settings.high_precision()
 
     @functools.wraps(original)
     def router_gating_linear(inp: Any, weight: Any, bias: Any, router_dtype: Any) -> Any:
@@ -98,6 +93,8 @@ def _wrap_router_gating(original: Callable[..., Any]) -> Callable[..., Any]:
         if not router_in_fp8 or recipe is None or router_dtype == torch.float64:
             return original(inp, weight, bias, router_dtype)
         region.count("router")
+        from titan_fp8_blockwise.linear import fp8_linear
+
         return fp8_linear(inp, weight, bias, recipe).to(router_dtype)
 
     return router_gating_linear
@@ -112,6 +109,8 @@ def _wrap_bias_swiglu(original: Callable[..., Any]) -> Callable[..., Any]:
         if not fp8_input_store or recipe is None or cpu_offload_input:
             return original(input, bias, fp8_input_store, cpu_offload_input)
         region.count("swiglu_store")
+        from titan_fp8_blockwise.swiglu_store import stored_swiglu
+
         return stored_swiglu(input, bias, None, recipe)
 
     return bias_swiglu_impl
@@ -126,18 +125,11 @@ def _wrap_weighted_swiglu(original: Callable[..., Any]) -> Callable[..., Any]:
         if not fp8_input_store or recipe is None or bias is not None:
             return original(input, bias, weights, fp8_input_store)
         region.count("swiglu_store")
+        from titan_fp8_blockwise.swiglu_store import stored_swiglu
+
         return stored_swiglu(input, None, weights, recipe)
 
     return weighted_bias_swiglu_impl
-
-
-def _wrap_schedule(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def forward_backward(*args: Any, **kwargs: Any) -> Any:
-        weight_cache.next_step()  # one forward-backward call = one step: re-quantize weights
-        return original(*args, **kwargs)
-
-    return forward_backward
 
 
 def _wrap_te_checkpoint(original: Any) -> Callable[..., Any]:
@@ -193,7 +185,7 @@ def _wrap_is_te_min_version(original: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_config_post_init(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def __post_init__(self: Any) -> None:
-        if knobs.force():
+        if settings.FORCE.read():
             self.fp8 = self.fp8 or "e4m3"
             self.fp8_recipe = "blockwise"
         return original(self)
@@ -327,20 +319,6 @@ def patches() -> list[Patch]:
                 upstream="transformer_block.py:505-520, transformer_layer.py:719-731, "
                 "moe_layer.py:433-442, extensions/transformer_engine.py:2262",
                 remove_when="megatron-core has a non-TE quantization backend hook",
-            )
-        )
-    for name in SCHEDULE_FUNCS:
-        records.append(
-            Patch(
-                id=f"fp8_blockwise.step.{name}",
-                target=f"{SCHEDULES}:{name}",
-                replace=_wrap_schedule,
-                requires=SUPPORTED_MEGATRON,
-                signature=ONE_CALL_ONE_STEP,
-                rationale="Marks a new training step so each weight is quantized once per step "
-                "(the distributed optimizer updates weights without bumping their version).",
-                upstream="megatron/core/pipeline_parallel/schedules.py get_forward_backward_func",
-                remove_when="never: the plugin's step boundary",
             )
         )
     return records
