@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from titan_plugins import activation
+from titan_plugins import activation, host_memory
 from titan_plugins.manager import BUILTIN, ENABLED
 from titan_plugins.patching import FAILED, SKIPPED, origin
 from titan_plugins.version import __version__
@@ -22,6 +22,7 @@ def collect(state: activation.Activation | None = None) -> dict[str, Any]:
         "channel": state.channel if state else None,
         "inactive_reason": state.inactive_reason if state else "not activated in this process",
         "problems": list(state.problems) if state else [],
+        "host_memory": host_memory.usage(),
         "plugins": [],
     }
     if state is None or state.manager is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from titan_plugins.host_memory import MAX_HOST_BYTES
 from titan_plugins.settings import Setting, complain
 
 MASTER = Setting(
@@ -46,7 +47,17 @@ PICK = Setting(
 DEBUG = Setting("TITAN_PLUGINS_DEBUG", bool, False, "1: log every patch and activation step.")
 TRACE = Setting("TITAN_PLUGINS_TRACE", bool, False, "1: log every hook call.")
 
-CORE_SETTINGS: tuple[Setting, ...] = (MASTER, AUTOLOAD, ONLY, DISABLE, STRICT, PICK, DEBUG, TRACE)
+CORE_SETTINGS: tuple[Setting, ...] = (
+    MASTER,
+    AUTOLOAD,
+    ONLY,
+    DISABLE,
+    STRICT,
+    PICK,
+    DEBUG,
+    TRACE,
+    MAX_HOST_BYTES,
+)
 
 
 def plugin_switch_var(name: str) -> str:

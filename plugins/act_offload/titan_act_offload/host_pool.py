@@ -29,8 +29,12 @@ class HostBufferPool:
     """
 
     def __init__(self, budget: int | None = None, pin: bool = False) -> None:
+        from titan_plugins.host_memory import Reservation
+
         self.budget = budget
         self.pin = pin
+        # The plugins' shared host-memory ledger: rewind's snapshots and others draw on it too.
+        self._ledger = Reservation("act_offload")
         self._free: dict[int, list[torch.Tensor]] = defaultdict(list)
         self.capacity = 0  # bytes allocated by the pool (free or in use)
         self.in_use = 0  # bytes handed out and not yet released
@@ -38,6 +42,7 @@ class HostBufferPool:
         self.allocations = 0  # buffers created
         self.reuses = 0  # acquisitions served from the free lists
         self.refusals = 0  # acquisitions refused by the budget
+        self.shared_refusals = 0  # of which refused by the plugins' shared host-memory limit
 
     def acquire(self, nbytes: int) -> torch.Tensor | None:
         """A host byte buffer of at least ``nbytes`` bytes, or None if the budget forbids it."""
@@ -50,6 +55,12 @@ class HostBufferPool:
             if self.budget is not None and self.capacity + size > self.budget:
                 if not self._evict_for(size):
                     self.refusals += 1
+                    return None
+            if not self._ledger.grow(size):
+                self._drop_free()  # the shared limit: give back idle buffers and try once more
+                if not self._ledger.grow(size):
+                    self.refusals += 1
+                    self.shared_refusals += 1
                     return None
             buffer = torch.empty(size, dtype=torch.uint8, device="cpu", pin_memory=self.pin)
             self.capacity += size
@@ -71,12 +82,17 @@ class HostBufferPool:
             while self._free[key] and self.capacity + size > self.budget:
                 self._free[key].pop()
                 self.capacity -= key
+                self._ledger.shrink(key)
         return self.capacity + size <= self.budget
 
     def clear(self) -> None:
         """Drop every free buffer (buffers in use stay valid)."""
+        self._drop_free()
+
+    def _drop_free(self) -> None:
         for key, buffers in self._free.items():
             self.capacity -= key * len(buffers)
+            self._ledger.shrink(key * len(buffers))
         self._free.clear()
 
     def stats(self) -> dict[str, int]:
@@ -88,4 +104,5 @@ class HostBufferPool:
             "allocations": self.allocations,
             "reuses": self.reuses,
             "refusals": self.refusals,
+            "shared_refusals": self.shared_refusals,
         }

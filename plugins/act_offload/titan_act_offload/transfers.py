@@ -153,12 +153,23 @@ class HostCopies:
     def _over_budget(self, record: Record) -> None:
         self.keep(record, "host_budget")
         self.stats.kept_over_budget_bytes += record.nbytes
-        if not self._budget_warned:
-            self._budget_warned = True
+        if self._budget_warned:
+            return
+        self._budget_warned = True
+        if self.pool.shared_refusals:
+            from titan_plugins import host_memory
+
             logger.warning(
-                "act_offload: host buffer budget reached (TITAN_ACT_OFFLOAD_MAX_HOST_BYTES=%d, "
-                "%d bytes in use); further activations stay on the device. Raise the budget or "
-                "offload fewer blocks (TITAN_ACT_OFFLOAD_MODULES).",
-                self.pool.budget,
-                self.pool.in_use,
+                "act_offload: the plugins' shared host-memory limit is reached "
+                "(TITAN_PLUGINS_MAX_HOST_BYTES; held now: %s); further activations stay on the "
+                "device. Raise it, or lower another plugin's share (e.g. rewind's snapshots).",
+                host_memory.usage(),
             )
+            return
+        logger.warning(
+            "act_offload: host buffer budget reached (TITAN_ACT_OFFLOAD_MAX_HOST_BYTES=%d, "
+            "%d bytes in use); further activations stay on the device. Raise the budget or "
+            "offload fewer blocks (TITAN_ACT_OFFLOAD_MODULES).",
+            self.pool.budget,
+            self.pool.in_use,
+        )

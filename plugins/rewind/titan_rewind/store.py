@@ -26,7 +26,11 @@ class SnapshotStore:
     def __init__(self, interval: int, stable_after: int, budget: int | None) -> None:
         self.interval = interval
         self.stable_after = stable_after
+        from titan_plugins.host_memory import Reservation
+
         self.budget = budget if budget else default_budget()
+        # The plugins' shared host-memory ledger (act_offload's pool draws on it too).
+        self.ledger = Reservation("rewind")
         self.stable = Slot()
         self.pending = Slot()
         self.snapshotter = Snapshotter()
@@ -66,8 +70,21 @@ class SnapshotStore:
         if not self.planned:
             self.planned = planned_bytes(chunks, optimizer)
         need = 2 * self.planned
-        if need <= self.budget:
+        if need <= self.budget and self.ledger.held >= need:
             return True
+        if need <= self.budget and self.ledger.grow(need - self.ledger.held):
+            return True
+        if need <= self.budget:
+            from titan_plugins import host_memory
+
+            self.no_snapshot = (
+                f"rewind: two snapshots of this rank need {format_bytes(need)} ({need} bytes) "
+                "of host memory, over what the plugins' shared host-memory limit leaves "
+                f"(TITAN_PLUGINS_MAX_HOST_BYTES; held now: {host_memory.usage()}); no snapshot "
+                "is taken, so a fault cannot be rolled back. Raise the shared limit or lower "
+                "another plugin's share (e.g. TITAN_ACT_OFFLOAD_MAX_HOST_BYTES)."
+            )
+            return False
         self.no_snapshot = (
             f"rewind: two snapshots of this rank need {format_bytes(need)} ({need} bytes) of "
             f"host memory, over the budget of {format_bytes(self.budget)}; no snapshot is "
