@@ -2,8 +2,9 @@
 every ``import torch``.
 
 If this function raised, ``import torch`` would fail in every process of the environment, so
-it catches everything. It imports no megatron and only arms a lazy watcher (about a
-millisecond); the plugins load when ``megatron`` is first imported.
+it catches everything. It imports no megatron and nothing but the standard library: it arms a
+one-shot import trigger (:mod:`titan_plugins.autoload`); the plugins load when ``megatron`` is
+first imported.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from __future__ import annotations
 def autoload() -> None:
     """Arm the registry for this process. Never raises."""
     try:
-        from titan_plugins.activation import autoload as _autoload
+        from titan_plugins.autoload import arm
 
-        _autoload()
+        arm("torch.backends")
     except Exception as err:  # pragma: no cover - only reached with a broken install
         import sys
 

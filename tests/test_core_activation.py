@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from titan_plugins import activation, hookimpl
+from titan_plugins import activation, autoload, hookimpl
 from titan_plugins.patching import APPLIED, Patch
 from titan_plugins.testing import fake_entry_point, fake_module
 
@@ -69,7 +69,8 @@ def world(tmp_path, monkeypatch):
         fake_entry_point("bad", "titan_fake_bad_plugin"),
     ]
     monkeypatch.setattr("titan_plugins.manager.discover", lambda: eps)
-    monkeypatch.setattr(activation, "TRIGGER_PREFIXES", ("megatron_fake_pkg",))
+    monkeypatch.setattr(autoload, "TRIGGER_PREFIXES", ("megatron_fake_pkg",))
+    monkeypatch.setattr(autoload, "_ARMED", None)
     monkeypatch.setattr(activation, "_CURRENT", None)
     yield
     activation.undo()
@@ -78,7 +79,7 @@ def world(tmp_path, monkeypatch):
 
 
 def test_autoload_arms_then_activates_on_first_import(world):
-    activation.autoload()
+    autoload.arm("torch.backends")
     assert activation.autoload_state()["state"].startswith("armed")
     assert activation.active() is None  # nothing loaded until the trigger package is imported
     user = importlib.import_module("megatron_fake_pkg.user")
@@ -108,7 +109,7 @@ def test_apply_is_idempotent_and_undo_restores(world):
 
 def test_master_switch_and_autoload_switch(world, monkeypatch):
     monkeypatch.setenv("TITAN_PLUGINS_AUTOLOAD", "0")
-    activation.autoload()
+    autoload.arm("torch.backends")
     assert activation.autoload_state()["state"] == "off: TITAN_PLUGINS_AUTOLOAD=0"
     mod = importlib.import_module("megatron_fake_pkg.mod")
     assert mod.f() == "original"
@@ -124,6 +125,6 @@ def test_autoload_never_raises(world, monkeypatch):
     def explode(*args, **kwargs):
         raise RuntimeError("watcher exploded")
 
-    monkeypatch.setattr(activation.ImportTrigger, "install", explode)
-    activation.autoload()  # must not raise
+    monkeypatch.setattr(autoload.ImportTrigger, "install", explode)
+    autoload.arm("torch.backends")  # must not raise
     assert "watcher exploded" in activation.autoload_state()["state"]

@@ -1,12 +1,13 @@
 """Activation: build the manager, check every switch and knob, register every enabled plugin's
 patches, and watch imports.
 
-An :class:`Activation` goes ``idle -> armed -> active`` (or ``off`` / ``failed``) and back with
-:meth:`Activation.stop`. Three channels create one: the ``torch.backends`` entry point
-(:func:`autoload`: arms a one-shot trigger, so the plugins load at the first ``import megatron``
-and processes that never touch Megatron pay almost nothing), an explicit :func:`apply`, and the
-``titan-run`` launcher. ``titan_plugins.testing`` builds its own and installs it for a block
-with :func:`use`.
+An :class:`Activation` goes ``idle -> active`` (or ``off`` / ``failed``) with
+:meth:`Activation.start` and back with :meth:`Activation.stop`. Three channels create one: the
+``torch.backends`` entry point and the ``titan-run`` launcher arm a one-shot trigger
+(:mod:`titan_plugins.autoload`, standard library only, so processes that never touch Megatron
+pay almost nothing) that starts one at the first ``import megatron``; and an explicit
+:func:`apply`. ``titan_plugins.testing`` builds its own and installs it for a block with
+:func:`use`.
 
 STRICT (``TITAN_PLUGINS_STRICT=1``): a bad switch or knob value, version drift and failed patches
 raise at activation, i.e. out of the first ``import megatron``, whatever the import order;
@@ -16,23 +17,21 @@ raise at activation, i.e. out of the first ``import megatron``, whatever the imp
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from titan_plugins import settings, switches
+from titan_plugins import autoload, settings, switches
 from titan_plugins._log import DEBUG_HINT, configure, logger
 from titan_plugins.patching.engine import PatchEngine, PatchError
 from titan_plugins.patching.status import FAILED
-from titan_plugins.patching.watcher import ImportTrigger, PatchWatcher
+from titan_plugins.patching.watcher import PatchWatcher
 
 if TYPE_CHECKING:
     from titan_plugins.manager import TitanPluginManager
     from titan_plugins.patching.record import Patch
 
-TRIGGER_PREFIXES = ("megatron",)
 IDLE, ARMED, ACTIVE, OFF = "idle", "armed", "active", "off"  # and FAILED (patching.status)
 
 
@@ -62,9 +61,7 @@ class Activation:
         self.manager: TitanPluginManager | None = None
         self.engine: PatchEngine | None = None
         self.watcher: PatchWatcher | None = None
-        self.trigger: ImportTrigger | None = None
-        self.late = False  # armed while megatron was already importing
-        self.superseded: Activation | None = None  # an armed automatic channel apply() took over
+        self.armed: autoload.Armed | None = None  # the automatic channel that started it
         self.errors: list[str] = []  # plugins that failed to register
         self.problems: list[str] = []  # bad switch / knob values
         self.seconds = 0.0
@@ -80,54 +77,6 @@ class Activation:
         return "" if self.is_active else self.detail
 
     # ---------------------------------------------------------------- lifecycle
-    def arm(self, prefixes: tuple[str, ...] | None = None) -> None:
-        """Start at the first import of a module under ``prefixes``. Never raises.
-
-        If such a module is already importing (``import megatron.core`` imported torch, whose
-        entry point got us here), the trigger fires at megatron's next submodule import, so a
-        STRICT error surfaces out of ``import megatron``, never out of ``import torch``.
-        """
-        try:
-            if self.state != IDLE:
-                return
-            if not switches.MASTER.read():
-                self.state, self.detail = OFF, "TITAN_PLUGINS=0"
-                return
-            if not switches.AUTOLOAD.read():
-                self.state, self.detail = OFF, "TITAN_PLUGINS_AUTOLOAD=0"
-                return
-        except settings.SettingError:
-            pass  # a malformed switch under STRICT: arm anyway, start() raises it at megatron
-        except Exception as err:  # never let import torch fail because of us
-            self._failed_quietly(err)
-            return
-        try:
-            self.trigger = ImportTrigger(prefixes or TRIGGER_PREFIXES, self._triggered)
-            self.trigger.install()
-            self.state = ARMED
-            self.detail = "armed: plugins load when megatron is first imported"
-        except Exception as err:
-            self._failed_quietly(err)
-
-    def _triggered(self) -> None:
-        try:
-            self.start()
-        except (settings.SettingError, PatchError):
-            raise  # STRICT asked for errors: out of ``import megatron``
-        except Exception as err:
-            self.state, self.detail = FAILED, f"failed: {type(err).__name__}: {err}"
-            logger.warning("activation failed (%s); %s", self.detail, DEBUG_HINT)
-            logger.debug("activation traceback", exc_info=True)
-
-    def _failed_quietly(self, err: BaseException) -> None:
-        self.state, self.detail = FAILED, f"failed: {type(err).__name__}: {err}"
-        try:
-            configure()
-            logger.warning("autoload failed (%s); %s", self.detail, DEBUG_HINT)
-            logger.debug("autoload traceback", exc_info=True)
-        except Exception:
-            pass
-
     def start(self) -> Activation:
         """Activate now; idempotent. Nothing is left half-applied when it raises.
 
@@ -136,8 +85,6 @@ class Activation:
         """
         if self.state == ACTIVE:
             return self
-        if self.trigger is not None:
-            self.trigger.disarm()
         configure()
         started = time.perf_counter()
         with settings.strictness(self.strict):
@@ -170,9 +117,9 @@ class Activation:
 
         train_step.reset()
         self.state = ACTIVE
-        if self.trigger is None:
+        if self.armed is None:
             self.detail = f"activated via {self.channel}"
-        elif self.late:
+        elif self.armed.late:
             self.detail = "activated (megatron already importing)"
         else:
             self.detail = "activated on first megatron import"
@@ -193,8 +140,6 @@ class Activation:
 
         :return: targets left alone because something else rebound them after us.
         """
-        if self.trigger is not None:
-            self.trigger.disarm()
         left = self.engine.undo() if self.engine is not None else []
         if self.watcher is not None:
             self.watcher.remove()
@@ -280,18 +225,33 @@ def use(state: Activation) -> Iterator[Activation]:
 
 def autoload_state() -> dict[str, Any]:
     """Whether an automatic channel ran in this process, and what it did."""
-    state = _CURRENT
-    if state is not None and state.superseded is not None:
-        previous = state.superseded
-        return {
-            "ran": True,
-            "channel": previous.channel,
-            "state": f"armed, then taken over by {state.channel}",
-        }
-    if state is None or state.channel not in ("torch.backends", "titan-run"):
+    armed = autoload.armed()
+    if armed is None:
         return {"ran": False, "state": "not run in this process"}
-    detail = f"off: {state.detail}" if state.state == OFF else state.detail
-    return {"ran": True, "channel": state.channel, "state": detail}
+    state = armed.state
+    if armed.fired and _CURRENT is not None and _CURRENT.armed is armed:
+        state = f"off: {_CURRENT.detail}" if _CURRENT.state == OFF else _CURRENT.detail
+    return {"ran": True, "channel": armed.channel, "state": state}
+
+
+def start_armed(armed: autoload.Armed) -> None:
+    """The automatic channel's trigger fired (first ``import megatron``): start activating.
+
+    Errors of STRICT mode propagate (out of that import); anything else is logged, never raised.
+    """
+    global _CURRENT
+    if _CURRENT is not None and _CURRENT.is_active:
+        return
+    state = _CURRENT = Activation(armed.channel)
+    state.armed = armed
+    try:
+        state.start()
+    except (settings.SettingError, PatchError):
+        raise  # STRICT asked for errors: out of ``import megatron``
+    except Exception as err:
+        state.state, state.detail = FAILED, f"failed: {type(err).__name__}: {err}"
+        logger.warning("activation failed (%s); %s", state.detail, DEBUG_HINT)
+        logger.debug("activation traceback", exc_info=True)
 
 
 def apply(only: list[str] | None = None, strict: bool | None = None) -> Activation:
@@ -303,11 +263,8 @@ def apply(only: list[str] | None = None, strict: bool | None = None) -> Activati
     global _CURRENT
     if _CURRENT is not None and _CURRENT.is_active:
         return _CURRENT
-    state = Activation("apply", only=only, strict=strict)
-    if _CURRENT is not None and _CURRENT.trigger is not None:
-        _CURRENT.trigger.disarm()
-        state.superseded = _CURRENT
-    _CURRENT = state
+    autoload.disarm("apply")
+    state = _CURRENT = Activation("apply", only=only, strict=strict)
     return state.start()
 
 
@@ -317,33 +274,9 @@ def undo() -> list[str]:
     :return: targets left alone because something else rebound them after us.
     """
     global _CURRENT
+    autoload.disarm("undo")
     if _CURRENT is None:
         return []
     left = _CURRENT.stop()
     _CURRENT = None
     return left
-
-
-def arm(channel: str) -> None:
-    """Arm lazy activation for ``channel`` (torch.backends or titan-run); idempotent, never
-    raises. ``TITAN_PLUGINS_AUTOLOAD=0`` turns off every automatic channel; only an explicit
-    :func:`apply` ignores it."""
-    global _CURRENT
-    try:
-        if _CURRENT is not None and _CURRENT.state in (ARMED, ACTIVE):
-            return
-        _CURRENT = Activation(channel)
-        late = any(name.split(".", 1)[0] in TRIGGER_PREFIXES for name in list(sys.modules))
-        _CURRENT.arm()
-        if late and _CURRENT.state == ARMED:
-            _CURRENT.late = True
-            _CURRENT.detail = "armed late: megatron was already importing; loads at its next module"
-    except Exception as err:  # never let import torch fail because of us
-        if _CURRENT is not None:
-            _CURRENT._failed_quietly(err)
-
-
-def autoload() -> None:
-    """Body of the torch.backends entry point. Never raises (a raise here breaks every
-    ``import torch`` in the environment) and never imports megatron."""
-    arm("torch.backends")

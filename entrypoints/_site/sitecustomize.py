@@ -4,7 +4,7 @@
 
 def _arm() -> None:
     try:
-        from titan_plugins.activation import arm
+        from titan_plugins.autoload import arm
 
         arm("titan-run")
     except Exception as err:  # a broken install must not break the interpreter

@@ -1,0 +1,140 @@
+"""The automatic channels' first step: arm a one-shot import trigger, for almost nothing.
+
+The ``torch.backends`` entry point runs inside every ``import torch`` of the environment, most
+of them in processes that never touch Megatron, so this module imports only the standard
+library: no manager, no engine, no plugin. The trigger fires at the first import of a module
+under ``megatron``; only then is :mod:`titan_plugins.activation` imported and started. Reading
+the switches here is deliberately raw (off / not off): a malformed value is reported, or raised
+under STRICT, by the activation, out of ``import megatron`` and never out of ``import torch``.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import os
+import sys
+from collections.abc import Callable
+from importlib.machinery import ModuleSpec
+from typing import Any
+
+TRIGGER_PREFIXES = ("megatron",)
+_OFF = ("0", "false", "no", "off")
+
+
+class ImportTrigger(importlib.abc.MetaPathFinder):
+    """One-shot: calls ``on_trigger()`` at the first import of a module under ``prefixes``,
+    before that module is looked up, then takes itself off ``sys.meta_path``.
+
+    An exception from ``on_trigger`` propagates to that import statement (STRICT mode uses it
+    to stop ``import megatron`` with a clear message).
+    """
+
+    def __init__(self, prefixes: tuple[str, ...], on_trigger: Callable[[], None]) -> None:
+        self._prefixes = prefixes
+        self._on_trigger: Callable[[], None] | None = on_trigger
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
+        if self._on_trigger is None or fullname.split(".", 1)[0] not in self._prefixes:
+            return None
+        trigger, self._on_trigger = self._on_trigger, None
+        self.remove()
+        trigger()
+        # Activation may have installed a patch watcher that the import machinery has already
+        # passed over for this module: ask the finders again so it can wrap this module too.
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                return spec
+        return None
+
+    @property
+    def armed(self) -> bool:
+        """Whether the trigger has not fired (nor been disarmed) yet."""
+        return self._on_trigger is not None
+
+    def disarm(self) -> None:
+        """Drop the trigger (activation happened another way)."""
+        self._on_trigger = None
+        self.remove()
+
+    def install(self) -> None:
+        """Put the trigger first on ``sys.meta_path`` (once)."""
+        if self not in sys.meta_path:
+            sys.meta_path.insert(0, self)
+
+    def remove(self) -> None:
+        """Take the trigger off ``sys.meta_path``."""
+        while self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+class Armed:
+    """What an automatic channel did in this process before activation took over."""
+
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
+        self.trigger: ImportTrigger | None = None
+        self.late = False  # armed while megatron was already importing
+        self.state = "not run in this process"
+        self.fired = False
+
+
+_ARMED: Armed | None = None
+
+
+def armed() -> Armed | None:
+    """The automatic channel's record in this process, if one ran."""
+    return _ARMED
+
+
+def _off(var: str) -> bool:
+    return (os.environ.get(var) or "").strip().lower() in _OFF
+
+
+def arm(channel: str, prefixes: tuple[str, ...] | None = None) -> None:
+    """Arm lazy activation for ``channel`` (``torch.backends`` or ``titan-run``); idempotent,
+    never raises. ``TITAN_PLUGINS=0`` and ``TITAN_PLUGINS_AUTOLOAD=0`` leave it unarmed.
+
+    If megatron is already importing (``import megatron.core`` imported torch, whose entry
+    point got us here), the trigger fires at megatron's next module.
+    """
+    global _ARMED
+    try:
+        if _ARMED is not None and (_ARMED.fired or (_ARMED.trigger and _ARMED.trigger.armed)):
+            return
+        record = _ARMED = Armed(channel)
+        if _off("TITAN_PLUGINS"):
+            record.state = "off: TITAN_PLUGINS=0"
+            return
+        if _off("TITAN_PLUGINS_AUTOLOAD"):
+            record.state = "off: TITAN_PLUGINS_AUTOLOAD=0"
+            return
+        prefixes = prefixes or TRIGGER_PREFIXES
+        record.late = any(name.split(".", 1)[0] in prefixes for name in list(sys.modules))
+        record.trigger = ImportTrigger(prefixes, _fire)
+        record.trigger.install()
+        record.state = (
+            "armed late: megatron was already importing; loads at its next module"
+            if record.late
+            else "armed: plugins load when megatron is first imported"
+        )
+    except Exception as err:  # never let import torch fail because of us
+        if _ARMED is not None:
+            _ARMED.state = f"failed: {type(err).__name__}: {err}"
+        print(f"[titan_plugins] WARNING autoload failed: {err}", file=sys.stderr)
+
+
+def disarm(taken_over_by: str) -> None:
+    """An explicit activation took over: the trigger must not fire any more."""
+    if _ARMED is not None and _ARMED.trigger is not None and _ARMED.trigger.armed:
+        _ARMED.trigger.disarm()
+        _ARMED.state = f"armed, then taken over by {taken_over_by}"
+
+
+def _fire() -> None:
+    assert _ARMED is not None
+    _ARMED.fired = True
+    from titan_plugins import activation
+
+    activation.start_armed(_ARMED)
