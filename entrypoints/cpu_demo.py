@@ -184,12 +184,30 @@ def _write_report(path: str, effects: list[Any], data: dict) -> None:
 
 
 def _trace_summary(trace_dir: str) -> str:
-    """The analyzer's summary of the captured steps (never raises: the run is done)."""
+    """The analyzer's summary of the captured steps, through the plugin's public command (the
+    core never imports a plugin); never raises: the run is done."""
+    import shutil
+    import subprocess
+    import sys
+
+    command = shutil.which("titan-trace") or os.path.join(
+        os.path.dirname(sys.executable), "titan-trace"
+    )
+    out_dir = os.path.join(os.path.dirname(os.path.abspath(trace_dir)), "trace_report")
     try:
-        from titan_trace_analysis import summarize_dir
-    except Exception as err:  # analyzer absent or broken: the demo's training still counts
+        done = subprocess.run(
+            [command, "analyze", trace_dir, "--out", out_dir],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    except (OSError, subprocess.SubprocessError) as err:
         return f"trace analysis unavailable ({type(err).__name__}: {err})"
-    return "\ntrace analysis of the captured steps:\n" + summarize_dir(trace_dir)
+    text = (done.stdout + done.stderr).rstrip()
+    html = os.path.join(out_dir, "report.html")
+    if os.path.exists(html):
+        text += f"\nHTML report: {html}"
+    return "\ntrace analysis of the captured steps (titan-trace analyze):\n" + text
 
 
 def _print_report(data: dict) -> None:

@@ -114,13 +114,16 @@ def test_the_core_imports_no_plugin() -> None:
 
 
 def test_import_torch_imports_neither_megatron_nor_plugins() -> None:
-    """The torch.backends entry point only arms a trigger: plugins load at ``import megatron``."""
+    """The torch.backends entry point only arms a trigger (standard library only): neither
+    megatron, nor a plugin, nor the core's manager and engine load at ``import torch``."""
     plugins = sorted(set().union(*plugin_packages(ROOT / "plugins").values()))
+    heavy_core = ["titan_plugins.activation", "titan_plugins.manager", "titan_plugins.patching"]
     code = (
         "import sys, torch\n"
-        "from titan_plugins import activation\n"
-        f"bad = [m for m in sys.modules if m.split('.')[0] in {['megatron', *plugins]!r}]\n"
-        "print(activation.current().state if activation.current() else None, bad)\n"
+        f"bad = [m for m in sys.modules if m.split('.')[0] in {['megatron', *plugins]!r}\n"
+        f"       or m in {heavy_core!r}]\n"
+        "from titan_plugins import autoload\n"
+        "print(autoload.armed().state.split(':')[0], bad)\n"
     )
     env = {**os.environ, "TITAN_PLUGINS_AUTOLOAD": "1", "TITAN_PLUGINS": "1"}
     out = subprocess.run(

@@ -18,9 +18,10 @@ from importlib import metadata
 
 import pytest
 
-# Modules a plugin may import while megatron.core imports: its package, the module named by its
-# entry point, its settings, and the module(s) holding its patch records and factories.
-BUDGET = 4
+# Modules a plugin may import while megatron.core imports, besides its package and its version
+# module: the module named by its entry point, its settings, and the few holding its patch
+# records and factories.
+BUDGET = 5
 FIRST_PARTY = {
     ep.name: ep.value.split(":")[0].split(".")[0]
     for ep in metadata.entry_points(group="titan_plugins")
@@ -50,7 +51,7 @@ def imported() -> dict[str, list[str]]:
 
 @pytest.mark.parametrize("plugin", sorted(FIRST_PARTY))
 def test_plugin_imports_little_while_megatron_loads(imported, plugin):
-    modules = imported.get(FIRST_PARTY[plugin], [])
+    modules = [m for m in imported.get(FIRST_PARTY[plugin], []) if not m.endswith(".version")]
     assert modules, f"{plugin} imported nothing: is it installed and enabled?"
     assert len(modules) <= BUDGET, f"{plugin} imported {len(modules)} modules: {modules}"
 

@@ -12,17 +12,22 @@ from collections.abc import Callable
 from typing import Any
 
 from titan_plugins import hookimpl
-from titan_rewind import inject
-from titan_rewind import runtime as _runtime
+from titan_rewind import generation
 from titan_rewind.settings import SETTINGS
+
+
+def _current() -> Any:
+    """This activation's state machine (started, and its modules imported, on first use)."""
+    from titan_rewind import runtime
+
+    return runtime.current()
 
 
 @hookimpl
 def titan_register_patches(register: Callable[[Any], None]) -> None:
-    """Nothing to patch; start this activation's state machine (knobs are read now)."""
-    from titan_rewind.config import RewindConfig
-
-    _runtime.start(RewindConfig.from_env())
+    """Nothing to patch; a new activation: the first training-loop hook starts a fresh state
+    machine (the core checks the knobs at activation)."""
+    generation.bump()
 
 
 @hookimpl
@@ -35,7 +40,7 @@ def titan_settings() -> list:
 def titan_train_step(step: Any) -> Any:
     """Keep this rank's loss of each training call (last pipeline stage)."""
     result = yield
-    rewinder = _runtime.current()
+    rewinder = _current()
     if rewinder is not None and not step.forward_only:
         rewinder.after_train_step(step, result)
     return result
@@ -45,7 +50,7 @@ def titan_train_step(step: Any) -> Any:
 def titan_optimizer_step(step: Any) -> Any:
     """Fence snapshot copies before the update; judge the step and snapshot or roll back
     after it (every rank decides the same)."""
-    rewinder = _runtime.current()
+    rewinder = _current()
     if rewinder is not None:
         rewinder.before_optimizer_step()
     result = yield
@@ -57,6 +62,9 @@ def titan_optimizer_step(step: Any) -> Any:
 @hookimpl(wrapper=True)
 def titan_forward_microbatch(call: Any) -> Any:
     """TEST ONLY: NaN injection (``TITAN_REWIND_INJECT_NAN_STEP`` / ``inject.nan_at_step``)."""
+    from titan_rewind import inject
+
+    _current()  # a new activation arms its injections when its state machine starts
     if call.step is not None and inject.armed():
         forward_step_func = call.arg("forward_step_func", 0)
         poisoned = inject.poison_forward(call.step.index, forward_step_func)
@@ -72,7 +80,7 @@ def titan_forward_microbatch(call: Any) -> Any:
 def titan_report() -> dict[str, Any]:
     """Snapshots held, bytes, age, rewinds so far (see ``titan_rewind.effect``)."""
     try:
-        rewinder = _runtime.current()
+        rewinder = _current()
         if rewinder is None:
             return {"active": False}
         return {"active": True, **rewinder.effect()}
@@ -83,7 +91,7 @@ def titan_report() -> dict[str, Any]:
 @hookimpl
 def titan_effects() -> dict[str, Any]:
     """Rewinds, snapshots, host bytes, batches skipped in this process (flat numbers)."""
-    rewinder = _runtime.current()
+    rewinder = _current()
     return rewinder.effects() if rewinder is not None else {}
 
 

@@ -274,6 +274,7 @@ class Rewinder:
 
 
 _CURRENT: list[Rewinder] = []
+_STARTED_FOR = [0]  # the activation generation the current state machine belongs to
 
 
 def _jsonable(event: dict[str, Any]) -> dict[str, Any]:
@@ -291,5 +292,11 @@ def start(config: RewindConfig) -> Rewinder:
 
 
 def current() -> Rewinder | None:
-    """The state machine of the latest activation, if any."""
+    """The state machine of the latest activation, if any; the first call after an activation
+    starts it (so nothing of it is imported or built while megatron imports)."""
+    from titan_rewind import generation
+
+    if generation.current() != _STARTED_FOR[0]:
+        _STARTED_FOR[0] = generation.current()
+        start(RewindConfig.from_env())
     return _CURRENT[0] if _CURRENT else None
