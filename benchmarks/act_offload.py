@@ -324,6 +324,16 @@ def gpu_section(smoke: bool, args: argparse.Namespace) -> None:
         print(
             f"  max allocated: none {base_mem / 2**30:.2f} GiB, offload {off_mem / 2**30:.2f} GiB, {off_mem / base_mem:.2f}x"
         )
+    import gpu_check
+
+    gpu_check.emit(
+        {
+            "step_ms_none": base_t * 1e3,
+            "step_ms_offload": off_t * 1e3,
+            "step_ratio": off_t / base_t,
+            "max_alloc_ratio": (off_mem / base_mem) if device == "cuda" and base_mem else None,
+        }
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,10 +7,13 @@ Prints, each against a baseline measured in the same run:
 2. CPU emulation throughput (quantize, GEMM, a linear layer forward+backward) vs fp32/bf16
    (informational: CPUs have no FP8 GEMM);
 3. the relative loss gap FP8 vs fp32 of the tiny MoE GPT over 100 steps (world size 1);
-4. on a CUDA machine only: linear-layer step time FP8 vs bf16 and whether the block-scaled
-   ``torch._scaled_mm`` kernel was verified.
+4. ``--section gpu`` (CUDA; ``--gpu-smoke`` runs it tiny on CPU): the quantizer on the device
+   bit-identical to the CPU reference, linear-layer step time FP8 vs bf16, whether the
+   block-scaled ``torch._scaled_mm`` kernel was verified, and whether TransformerEngine's
+   Float8BlockScaling recipe is importable there (the plugin then uses it).
 
-Usage: python benchmarks/fp8_blockwise.py [--size 1024] [--reps 5] [--skip-megatron]
+Usage: python benchmarks/fp8_blockwise.py [--section cpu|gpu|all] [--size 1024] [--reps 5]
+       [--skip-megatron] [--gpu-smoke]
 """
 
 from __future__ import annotations
@@ -190,23 +193,52 @@ def loss_gap(steps: int = 100) -> None:
     )
 
 
-def gpu_step_time(reps: int = 20) -> None:
-    """CUDA only: linear fwd+bwd step time, FP8 vs bf16, at a Kimi-K2-like shape."""
-    tokens, hidden, ffn = 8192, 7168, 2048
-    dev = torch.device("cuda")
+def gpu_section(smoke: bool, reps: int = 20) -> None:
+    """CUDA (or tiny on CPU with ``smoke``): device quantizer vs the CPU reference bit for bit,
+    linear fwd+bwd step time FP8 vs bf16 at a Kimi-K2-like shape, TE availability."""
+    import gpu_check
+
+    from titan_plugins import platform
+
+    if not smoke and not torch.cuda.is_available():
+        print("[gpu] skipped: CUDA is not available (run on a GPU machine, or --gpu-smoke)")
+        return
+    dev = torch.device("cpu" if smoke else "cuda")
+    tokens, hidden, ffn = (256, 256, 128) if smoke else (8192, 7168, 2048)
+    sample = torch.randn(1024 if smoke else 4096, 1024, generator=torch.Generator().manual_seed(0))
+    sample[0, :128] = 0.0  # an all-zero tile: scale 1
+    identical = True
+    for quantize in (quantize_tiles, quantize_blocks):
+        ref = quantize(sample)
+        got = quantize(sample.to(dev))
+        identical &= torch.equal(ref.data.view(torch.uint8), got.data.cpu().view(torch.uint8))
+        identical &= torch.equal(ref.scale_inv, got.scale_inv.cpu())
     x = torch.randn(tokens, hidden, device=dev, dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(ffn, hidden, device=dev, dtype=torch.bfloat16, requires_grad=True)
 
     def timed(fn) -> float:
-        torch.cuda.synchronize()
-        return _median_s(lambda: (fn(), torch.cuda.synchronize()), reps)
+        sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+        sync()
+        return _median_s(lambda: (fn(), sync()), 3 if smoke else reps)
 
     bf16 = timed(lambda: F.linear(x, w).sum().backward())
     fp8 = timed(lambda: fp8_linear(x, w).sum().backward())
     layouts = dict(gemm_mod._VERIFIED)
+    te = platform.probe_te_blockwise()
     print(
-        f"[gpu] linear {tokens}x{hidden}->{ffn} fwd+bwd: bf16 {bf16 * 1e3:.2f} ms, fp8 "
-        f"{fp8 * 1e3:.2f} ms -> {fp8 / bf16:.2f}x; verified _scaled_mm layouts: {layouts}"
+        f"[gpu] {dev}: quantizer bit-identical to the CPU reference: {identical}; linear "
+        f"{tokens}x{hidden}->{ffn} fwd+bwd: bf16 {bf16 * 1e3:.2f} ms, fp8 {fp8 * 1e3:.2f} ms "
+        f"-> {fp8 / bf16:.2f}x; verified _scaled_mm layouts: {layouts}; TE: {te.detail}"
+    )
+    gpu_check.emit(
+        {
+            "quantizer_bit_identical": bool(identical),
+            "bf16_ms": bf16 * 1e3,
+            "fp8_ms": fp8 * 1e3,
+            "fp8_over_bf16": fp8 / bf16,
+            "scaled_mm_layouts": len(layouts),
+            "te_blockwise": te.available,
+        }
     )
 
 
@@ -216,19 +248,20 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1024, help="n for the n^3 CPU GEMMs")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--skip-megatron", action="store_true")
+    parser.add_argument("--section", choices=("cpu", "gpu", "all"), default="all")
+    parser.add_argument("--gpu-smoke", action="store_true", help="run [gpu] tiny on CPU")
     loadguard.add_arguments(parser)
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(loadguard.describe(args))
-    linear_memory(4096, 1024)
-    emulation_throughput(args.size, args.reps)
-    if not args.skip_megatron:
-        layer_memory()
-        loss_gap()
-    if torch.cuda.is_available():
-        gpu_step_time()
-    else:
-        print("[gpu] skipped: CUDA is not available")
+    if args.section in ("cpu", "all"):
+        linear_memory(4096, 1024)
+        emulation_throughput(args.size, args.reps)
+        if not args.skip_megatron:
+            layer_memory()
+            loss_gap()
+    if args.section in ("gpu", "all"):
+        gpu_section(args.gpu_smoke)
     print(loadguard.describe(args))  # the load at the end too: timings drift with it
 
 

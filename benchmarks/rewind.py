@@ -259,11 +259,22 @@ def gpu_section(args: argparse.Namespace) -> None:
             else ""
         )
         print(f"  {mode:5} {med * 1e3:8.2f} ms/step  {med / base:6.3f}x{extra}")
+    ratio = statistics.median(r[0] for r in rows["N=10"]) / base
     if not smoke:
-        ratio = statistics.median(r[0] for r in rows["N=10"]) / base
         print(
             f"  goal: N=10 <= 1.02x of off: {ratio:.3f}x -> {loadguard.verdict(ratio <= 1.02, args)}"
         )
+    import gpu_check
+
+    gpu_check.emit(
+        {
+            "step_ms_off": base * 1e3,
+            "ratio_n10": ratio,
+            "ratio_n1": statistics.median(r[0] for r in rows["N=1"]) / base,
+            "snapshot_mib": rows["N=10"][0][1] / 2**20,
+            "restore_ms": statistics.median(r[2] for r in rows["N=1"]) * 1e3,
+        }
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
