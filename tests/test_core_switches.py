@@ -6,16 +6,7 @@ import logging
 
 import pytest
 
-from titan_plugins.settings import (
-    SettingError,
-    env_bool,
-    env_bytes,
-    env_choice,
-    env_float,
-    env_int,
-    env_list,
-    parse_bytes,
-)
+from titan_plugins.settings import BYTES, Setting, SettingError, parse_bytes
 from titan_plugins.switches import disabled_reasons, plugin_switch_var
 
 INSTALLED = ["fp8_blockwise", "moe_ep_overlap", "act_offload"]
@@ -109,33 +100,63 @@ def test_typed_readers(monkeypatch):
     monkeypatch.setenv("X_LIST", "a, b,,c ")
     monkeypatch.setenv("X_BYTES", "512M")
     monkeypatch.setenv("X_BOOL", "yes")
-    assert env_int("X_INT", 1) == 7
-    assert env_float("X_FLOAT", 1.0) == 0.5
-    assert env_choice("X_CHOICE", ("rdma", "tcp"), "rdma") == "tcp"
-    assert env_list("X_LIST") == ("a", "b", "c")
-    assert env_bytes("X_BYTES", None) == 512 << 20
-    assert env_bool("X_BOOL", False) is True
-    assert env_int("X_UNSET", 3) == 3
+    assert Setting("X_INT", int, 1, "").read() == 7
+    assert Setting("X_FLOAT", float, 1.0, "").read() == 0.5
+    assert Setting("X_CHOICE", str, "rdma", "", choices=("rdma", "tcp")).read() == "tcp"
+    assert Setting("X_LIST", list, (), "").read() == ("a", "b", "c")
+    assert Setting("X_BYTES", BYTES, None, "").read() == 512 << 20
+    assert Setting("X_BOOL", bool, False, "").read() is True
+    assert Setting("X_UNSET", int, 3, "").read() == 3
 
 
 @pytest.mark.parametrize(
-    ("reader", "value", "message"),
+    ("setting", "value", "message"),
     [
-        (lambda: env_int("X", 2, minimum=1), "abc", "not an integer"),
-        (lambda: env_int("X", 2, minimum=1), "0", "below the minimum 1"),
-        (lambda: env_float("X", 2.0), "fast", "not a number"),
-        (lambda: env_choice("X", ("rdma", "tcp"), "tcp"), "udp", "not one of rdma, tcp"),
-        (lambda: env_bytes("X", 5), "lots", "byte size"),
+        (Setting("X", int, 2, "", minimum=1), "abc", "not an integer"),
+        (Setting("X", int, 2, "", minimum=1), "0", "below the minimum 1"),
+        (Setting("X", float, 2.0, ""), "fast", "not a number"),
+        (Setting("X", float, 2.0, ""), "nan", "not a finite number"),
+        (Setting("X", float, 2.0, ""), "inf", "not a finite number"),
+        (Setting("X", float, 300.0, "", maximum=86400), "1e15", "above the maximum 86400"),
+        (Setting("X", str, "tcp", "", choices=("rdma", "tcp")), "udp", "not one of rdma, tcp"),
+        (Setting("X", BYTES, 5, ""), "lots", "byte size"),
+        (Setting("X", BYTES, 5, ""), "0.5", "not a whole number of bytes"),
+        (Setting("X", list, (), "", choices=("a", "b")), "a,c", "'c' is not one of a, b"),
+        (
+            Setting("X", int, 1, "", validate=lambda v: "must be even" if v % 2 else None),
+            "3",
+            "must be even",
+        ),
     ],
 )
-def test_bad_values_warn_then_raise_under_strict(monkeypatch, caplog, reader, value, message):
+def test_bad_values_warn_then_raise_under_strict(monkeypatch, caplog, setting, value, message):
     monkeypatch.setenv("X", value)
     with caplog.at_level(logging.WARNING, logger="titan_plugins"):
-        reader()
-    assert message in caplog.text
+        assert setting.read() == setting.default
+    assert message in caplog.text and f"X={value!r}" in caplog.text and "default" in caplog.text
+    assert message in setting.problem()
     monkeypatch.setenv("TITAN_PLUGINS_STRICT", "1")
     with pytest.raises(SettingError, match=message):
-        reader()
+        setting.read()
+
+
+def test_a_bad_value_warns_once_per_process(monkeypatch, caplog):
+    monkeypatch.setenv("X", "abc")
+    setting = Setting("X", int, 2, "")
+    with caplog.at_level(logging.WARNING, logger="titan_plugins"):
+        for _ in range(3):
+            setting.read()
+    assert caplog.text.count("X='abc'") == 1
+
+
+def test_accepted_and_shown_default_say_what_a_user_writes():
+    assert Setting("X", BYTES, 64 << 10, "").shown_default() == "64K"
+    assert Setting("X", bool, True, "").shown_default() == "1"
+    assert Setting("X", float, 0.1, "", minimum=0.1, maximum=86400).accepted() == (
+        "a finite number from 0.1 to 86400"
+    )
+    with pytest.raises(TypeError):
+        Setting("X", dict, {}, "")
 
 
 def test_parse_bytes_units():
