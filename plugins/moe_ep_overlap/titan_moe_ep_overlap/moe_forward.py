@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from titan_moe_ep_overlap import settings
+from titan_moe_ep_overlap import settings, stats
 from titan_moe_ep_overlap.overlap import ChunkedExperts, Comm
 
 _DEFAULT_MAP = ["route", "expert_compute", "postprocess"]
@@ -27,10 +27,14 @@ def pipeline_chunks(layer: Any, intermediate_tensors: Any) -> int | None:
         return None
     if config.moe_token_dispatcher_type != "flex" or config.moe_flex_dispatcher_backend != "deepep":
         return None
+    stats.add("layer_calls")
     if layer.training and layer.attn_tp_group.size() > 1 and not config.sequence_parallel:
         return None  # megatron's forward raises its own error for this
     chunks = settings.num_chunks()
-    return chunks if chunks > 1 else None
+    if chunks > 1:
+        return chunks
+    stats.add("serial_calls")
+    return None
 
 
 def chunked_experts(layer: Any, hidden: torch.Tensor, probs: torch.Tensor, chunks: int) -> Any:
@@ -39,7 +43,8 @@ def chunked_experts(layer: Any, hidden: torch.Tensor, probs: torch.Tensor, chunk
 
     manager = layer.token_dispatcher._comm_manager
     buffer = fused_a2a.get_buffer(manager.group, fused_a2a.get_hidden_bytes(hidden))
-    comm = Comm(buffer, fused_a2a.EventHandle, fused_a2a.EventOverlap, manager.num_experts)
+    comm = Comm(buffer, fused_a2a.EventHandle, fused_a2a.EventOverlap, manager.num_experts,
+                stats.start_pipelined_call())  # fmt: skip
 
     def compute(x: torch.Tensor, idx: torch.Tensor, p: torch.Tensor, counts: list[int]) -> Any:
         # the state megatron's dispatch would have left, for one chunk

@@ -58,14 +58,26 @@ def titan_configure(config: Any) -> None:
 
 @hookimpl
 def titan_report() -> dict[str, Any]:
-    """Backend in use, why, and the chunk count."""
-    from titan_moe_ep_overlap import selection, settings
+    """Backend in use and why, the chunk count, the DeepEP flag megatron sees, and what the
+    backend and the pipeline did in this process (``effects``)."""
+    import sys
 
+    from titan_moe_ep_overlap import effects, selection, settings
+    from titan_moe_ep_overlap.patches import FUSED_A2A
+
+    fused_a2a = sys.modules.get(FUSED_A2A)
+    megatron_flag = getattr(fused_a2a, "HAVE_DEEP_EP", None) if fused_a2a else None
     try:
         chosen = selection.select_backend()
     except Exception as err:  # STRICT turns an unusable deep_ep into an error; report it
-        return {"backend": "error", "why": str(err)}
-    return {"backend": chosen.backend, "why": chosen.detail, "chunks": settings.num_chunks()}
+        return {"backend": "error", "why": str(err), "effects": effects()}
+    return {
+        "backend": chosen.backend,
+        "why": chosen.detail,
+        "chunks": settings.num_chunks(),
+        "megatron_HAVE_DEEP_EP": megatron_flag,  # None: megatron's fused_a2a not imported
+        "effects": effects(),
+    }
 
 
 @hookimpl

@@ -22,11 +22,16 @@ _FIX = "install DeepEP v1.x (tag v1.2.1), or set TITAN_MOE_EP_OVERLAP_BACKEND=to
 
 @dataclass(frozen=True)
 class Selection:
-    """The chosen backend: its name, why, and a namespace with Buffer/Config/EventHandle/..."""
+    """The chosen backend: its name, why, and (``api``) a namespace with Buffer/Config/..."""
 
     backend: str
     detail: str
-    api: Any
+    module: Any = None  # the installed deep_ep, when it was chosen
+
+    @property
+    def api(self) -> Any:
+        """The DeepEP-shaped API in use (ours is imported only when asked for)."""
+        return self.module if self.module is not None else torch_backend_api()
 
 
 _selected: Selection | None = None
@@ -35,7 +40,7 @@ _selected: Selection | None = None
 def torch_backend_api() -> SimpleNamespace:
     """Our backend as a DeepEP-shaped namespace (``api.Buffer``, ``api.utils.EventOverlap``)."""
     from titan_moe_ep_overlap.buffer import Buffer
-    from titan_moe_ep_overlap.config import Config
+    from titan_moe_ep_overlap.deepep_config import Config
     from titan_moe_ep_overlap.events import EventHandle, EventOverlap
 
     utils = SimpleNamespace(EventHandle=EventHandle, EventOverlap=EventOverlap)
@@ -107,8 +112,6 @@ def select_backend() -> Selection:
             complain(f"moe_ep_overlap: the installed deep_ep is not usable by megatron-core: "
                      f"{problem}; using the torch.distributed backend. Fix: {_FIX}")  # fmt: skip
             _selected = Selection(TORCH, f"installed deep_ep unusable: {problem}", None)
-    if _selected.api is None:
-        _selected = Selection(_selected.backend, _selected.detail, torch_backend_api())
     return _selected
 
 
