@@ -23,6 +23,8 @@ import pytest
 import torch
 
 EPS32 = torch.finfo(torch.float32).eps
+# our backend, and the configured chunk count on every call (no automatic serial fallback)
+FIXED = {"TITAN_MOE_EP_OVERLAP_BACKEND": "torch", "TITAN_MOE_EP_OVERLAP_AUTO": "0"}
 MICROBATCHES, LAYERS = 4, 2  # tiny_gpt's default layer count at PP=1
 
 
@@ -71,7 +73,7 @@ def task_gpt_flex_vs_alltoall(ep: int, chunk_counts: tuple[int, ...], steps: int
     tiny_gpt.init_parallel(ep=ep)
     ref_losses, ref_norms, state = _train("alltoall", steps, None)
     out = {"ref": (ref_losses, ref_norms), "flag_off": fused_a2a.HAVE_DEEP_EP}
-    with plugin_active("moe_ep_overlap", env={"TITAN_MOE_EP_OVERLAP_BACKEND": "torch"}):
+    with plugin_active("moe_ep_overlap", env=FIXED):
         out["flag_on"] = fused_a2a.HAVE_DEEP_EP
         for count in chunk_counts:
             os.environ["TITAN_MOE_EP_OVERLAP_CHUNKS"] = str(count)
@@ -89,7 +91,7 @@ def task_gpt_ep_overlap(steps: int) -> dict:
     tiny_gpt.init_parallel(ep=2)
     bf16 = dict(bf16=True, params_dtype=torch.bfloat16)
     out, state = {}, None
-    with plugin_active("moe_ep_overlap", env={"TITAN_MOE_EP_OVERLAP_BACKEND": "torch"}):
+    with plugin_active("moe_ep_overlap", env=FIXED):
         for overlap in (False, True):
             for count in (1, 4):
                 os.environ["TITAN_MOE_EP_OVERLAP_CHUNKS"] = str(count)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from titan_plugins.settings import Setting, env_choice, env_int
+from titan_plugins.settings import Setting, env_bool, env_choice, env_int
 
 BACKENDS = ("auto", "torch", "deep_ep")
 DEFAULT_CHUNKS = 4  # 4 chunks hide ~3/4 of the all-to-all time when comm ~ compute
@@ -26,6 +26,11 @@ def num_chunks() -> int:
     return _parsed_chunks[raw]
 
 
+def auto() -> bool:
+    """``TITAN_MOE_EP_OVERLAP_AUTO``: pipeline a layer only where it measured faster."""
+    return env_bool("TITAN_MOE_EP_OVERLAP_AUTO", True)
+
+
 def declared() -> list[Setting]:
     """The knobs, for ``titan-plugins env`` and the README."""
     return [
@@ -41,5 +46,11 @@ def declared() -> list[Setting]:
             default=str(DEFAULT_CHUNKS),
             doc="token chunks per MoE layer whose dispatch/compute/combine are pipelined "
             "(1 = megatron's unchunked flex path through the backend)",
+        ),
+        Setting(
+            var="TITAN_MOE_EP_OVERLAP_AUTO",
+            default="1",
+            doc="time the serial and the pipelined forward of each MoE layer and pipeline only "
+            "where it is faster (all EP ranks agree); 0 = always pipeline with CHUNKS",
         ),
     ]

@@ -19,6 +19,9 @@ FIELDS = {
     "chunks": "token chunks the pipeline issued (forward)",
     "pipeline_dispatches": "dispatches the pipeline issued (forward + gradient re-dispatch)",
     "pipeline_combines": "combines the pipeline issued (forward + gradient combine)",
+    "auto_decisions": "serial-vs-pipeline decisions taken by the automatic chooser",
+    "auto_kept_pipeline": "of those, decisions that kept the pipeline (it measured faster)",
+    "auto_chose_serial": "of those, decisions for the serial path (nothing to hide)",
 }
 
 _counts: dict[str, int] = dict.fromkeys(FIELDS, 0)
