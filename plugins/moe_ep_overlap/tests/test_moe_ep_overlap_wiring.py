@@ -113,7 +113,7 @@ def test_bad_settings_and_expert_count(fresh_selection, caplog) -> None:
 
     fresh_selection.setenv("TITAN_MOE_EP_OVERLAP_CHUNKS", "0")
     with caplog.at_level(logging.WARNING):
-        assert settings.num_chunks() == settings.DEFAULT_CHUNKS
+        assert settings.CHUNKS.read() == settings.CHUNKS.default
     config = types.SimpleNamespace(num_moe_experts=6, expert_model_parallel_size=4)
     with caplog.at_level(logging.WARNING):
         plugin.titan_configure(config=config)
@@ -290,3 +290,32 @@ def test_flag_follows_the_binding() -> None:
             sys.modules.pop(patches.FUSED_A2A, None)
         else:
             sys.modules[patches.FUSED_A2A] = saved
+
+
+HEAVY = ("buffer", "dispatch_ops", "comm", "layout", "rowpack", "overlap", "moe_forward",
+         "autochunk")  # fmt: skip
+_PROBE = """
+import sys, json
+import megatron.core
+from megatron.core.transformer.moe import fused_a2a
+print(json.dumps({"loaded": sorted(m for m in sys.modules if m.startswith("titan_moe_ep_overlap")),
+                  "flag": fused_a2a.HAVE_DEEP_EP, "buffer": repr(fused_a2a.Buffer)}))
+"""
+
+
+def test_megatron_import_loads_no_backend_and_sees_the_flag() -> None:
+    """The real automatic channel in a fresh process: after ``import megatron.core`` (which
+    executes fused_a2a and moe_layer, so every patch is applied) megatron's flag is True and
+    none of the backend or pipeline modules was imported (issue 17: activation cost)."""
+    import json
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TITAN_")}
+    env.update(TITAN_PLUGINS_ONLY="moe_ep_overlap", PYTHONWARNINGS="ignore")
+    done = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    probe = json.loads(done.stdout.strip().splitlines()[-1])
+    assert probe["flag"] is True and "titan_moe_ep_overlap.lazy.Buffer" in probe["buffer"], probe
+    assert not [m for m in probe["loaded"] if m.rsplit(".", 1)[-1] in HEAVY], probe["loaded"]

@@ -32,7 +32,7 @@ def pipeline_chunks(layer: Any, intermediate_tensors: Any) -> int | None:
     stats.add("layer_calls")
     if layer.training and layer.attn_tp_group.size() > 1 and not config.sequence_parallel:
         return None  # megatron's forward raises its own error for this
-    return settings.num_chunks()
+    return int(settings.CHUNKS.read())
 
 
 def chunked_experts(layer: Any, hidden: torch.Tensor, probs: torch.Tensor, chunks: int) -> Any:
@@ -70,7 +70,7 @@ def make_forward(original: Callable[..., Any]) -> Callable[..., Any]:
         chunks = pipeline_chunks(self, intermediate_tensors)
         if chunks is None:
             return original(self, hidden_states, intermediate_tensors, padding_mask)
-        chooser = autochunk.for_layer(self, chunks) if chunks > 1 and settings.auto() else None
+        chooser = autochunk.for_layer(self, chunks) if chunks > 1 and settings.AUTO.read() else None
         if chooser is not None:
             chunks = chooser.begin()
         try:

@@ -27,10 +27,10 @@ def titan_register_patches(register: Callable[[Patch], None]) -> None:
 
 @hookimpl
 def titan_settings() -> list[Setting]:
-    """``TITAN_MOE_EP_OVERLAP_BACKEND`` and ``TITAN_MOE_EP_OVERLAP_CHUNKS``."""
-    from titan_moe_ep_overlap.settings import declared
+    """``TITAN_MOE_EP_OVERLAP_BACKEND``, ``_CHUNKS`` and ``_AUTO`` (``settings.SETTINGS``)."""
+    from titan_moe_ep_overlap.settings import SETTINGS
 
-    return declared()
+    return list(SETTINGS)
 
 
 @hookimpl
@@ -74,10 +74,21 @@ def titan_report() -> dict[str, Any]:
     return {
         "backend": chosen.backend,
         "why": chosen.detail,
-        "chunks": settings.num_chunks(),
+        "chunks": settings.CHUNKS.read(),
+        "auto": settings.AUTO.read(),
         "megatron_HAVE_DEEP_EP": megatron_flag,  # None: megatron's fused_a2a not imported
         "effects": effects(),
     }
+
+
+@hookimpl
+def titan_effects() -> dict[str, Any]:
+    """This rank's counters (flat): DeepEP-API dispatches/combines served by our backend, MoE
+    layer calls pipelined or serial, chunks/dispatches/combines the pipeline issued, and the
+    automatic choice's decisions (``stats.FIELDS``)."""
+    from titan_moe_ep_overlap import stats
+
+    return stats.counts()
 
 
 @hookimpl

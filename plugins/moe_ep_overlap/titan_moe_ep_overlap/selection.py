@@ -94,7 +94,7 @@ def select_backend() -> Selection:
     from titan_moe_ep_overlap import settings
     from titan_plugins.settings import complain
 
-    choice = settings.backend_choice()
+    choice = settings.BACKEND.read()
     if choice == "torch":
         _selected = Selection(TORCH, "forced by TITAN_MOE_EP_OVERLAP_BACKEND=torch", None)
     elif not installed():

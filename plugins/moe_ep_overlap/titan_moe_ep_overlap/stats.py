@@ -47,6 +47,11 @@ def start_pipelined_call() -> dict[str, int]:
     return _last
 
 
+def counts() -> dict[str, int]:
+    """The totals only (flat, for the core's ``titan_effects``)."""
+    return dict(_counts)
+
+
 def snapshot() -> dict[str, Any]:
     """Totals, the per-call figures of the last pipelined call and per-call averages."""
     out: dict[str, Any] = dict(_counts)
