@@ -113,6 +113,7 @@ def measure(layer: Any, x: Any, grad: Any, chunks: int, rounds: int, sync: Any) 
     out["auto_ratio"] = out["auto_ms"] / out["serial_ms"]
     out["pipeline_ratio"] = out["pipeline_ms"] / out["serial_ms"]
     out["serial_wait_ms"] = 1e3 * statistics.median(exposed)
+    out["rounds_ms"] = {m: [round(1e3 * t, 1) for t in times[m]] for m in MODES}
     out["auto_choice"] = {True: "pipeline", False: "serial", None: "none"}[autochunk.choice(layer)]
     out["auto_decisions"] = stats.snapshot()["auto_decisions"]
     return out
@@ -325,6 +326,8 @@ def _print(name: str, row: dict) -> None:
           f"(chose {row['auto_choice']})  pipeline {row['pipeline_ms']:7.1f} ms  "
           f"auto/serial {row['auto_ratio']:.3f}  pipeline/serial {row['pipeline_ratio']:.3f}  "
           f"serial waited {row['serial_wait_ms']:.0f} ms")  # fmt: skip
+    if os.environ.get("MOE_BENCH_VERBOSE"):
+        print(f"{'':13s} per round (ms): {row['rounds_ms']}")
 
 
 def _parser() -> argparse.ArgumentParser:
