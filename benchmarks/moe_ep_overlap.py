@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import timedelta
 from typing import Any
 
 ENV = {"TITAN_MOE_EP_OVERLAP_BACKEND": "torch"}
@@ -164,8 +165,9 @@ def link_worker(args: argparse.Namespace) -> None:
     from titan_plugins.testing import plugin_active, tiny_gpt
 
     rank = args.link_worker
+    # a bounded timeout: if the parent dies the peer must not wait gloo's default 30 minutes
     dist.init_process_group("gloo", init_method=f"tcp://{args.master}:{LINK_PORT}", rank=rank,
-                            world_size=2)  # fmt: skip
+                            world_size=2, timeout=timedelta(seconds=600))  # fmt: skip
     tiny_gpt.init_parallel(ep=2)
     with plugin_active("moe_ep_overlap", env=ENV):
         shape = _shape(args)

@@ -40,11 +40,15 @@ def missing_tools() -> str | None:
 
 
 def remove_stale() -> list[str]:
-    """Delete namespaces left by runs of this benchmark whose process is gone (SIGKILL)."""
+    """Delete namespaces left by runs of this benchmark whose process is gone (SIGKILL), and
+    stop that run's orphaned workers (the processes inside those namespaces, by pid)."""
     removed = []
     for line in _ip("netns", "list", check=False).stdout.splitlines():
         match = re.match(rf"({PREFIX}(\d+)_[ab])\b", line)
         if match and not os.path.exists(f"/proc/{match.group(2)}"):
+            for pid in _ip("netns", "pids", match.group(1), check=False).stdout.split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
             _ip("netns", "delete", match.group(1), check=False)
             removed.append(match.group(1))
     return removed
@@ -107,7 +111,8 @@ class Link:
 @contextlib.contextmanager
 def link() -> Iterator[Link]:
     """A :class:`Link` for the block, removed on any exit (exception, SIGINT, SIGTERM)."""
-    remove_stale()
+    for name in remove_stale():
+        print(f"netns: removed {name}, left by a killed run")
     made = Link()
 
     def _terminate(signum: int, _frame: object) -> None:
