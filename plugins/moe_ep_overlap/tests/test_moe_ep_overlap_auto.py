@@ -78,16 +78,16 @@ def test_a_change_of_conditions_is_picked_up_and_resets_the_period() -> None:
     assert used[-FIRST_PERIOD:] == [1] * FIRST_PERIOD
 
 
-def test_ranks_decide_on_the_summed_medians() -> None:
-    """Rank A alone would keep the pipeline, rank B would not; both apply the rule to the sums
-    (the all_reduce), so both choose the same path."""
+def test_ranks_decide_on_the_averaged_ratios() -> None:
+    """Rank A alone would keep the pipeline (ratio 0.9), rank B would not (1.2); both apply the
+    rule to the average over the ranks (the all_reduce), so both choose the same path."""
     local = {"a": {1: 1.0, 3: 0.9}, "b": {1: 1.0, 3: 1.2}}
     seen: dict[str, list[float]] = {}
 
     def agree_as(me: str, other: str):
         def agree(values: list[float]) -> list[float]:
             seen[me] = values
-            theirs = [local[other][1], local[other][3]]
+            theirs = [local[other][3] / local[other][1], 1.0]
             return [v + w for v, w in zip(values, theirs)]
 
         return agree
@@ -98,7 +98,21 @@ def test_ranks_decide_on_the_summed_medians() -> None:
         chooser = ChunkChooser(3, agree_as(me, other), clock)
         _run(chooser, clock, local[me], 2 * (WARMUP + TRIALS) + 1)
         decisions[me] = chooser.pipelined
-    assert seen["a"] == pytest.approx([1.0, 0.9]) and decisions == {"a": False, "b": False}
+    assert seen["a"] == pytest.approx([0.9, 1.0]) and decisions == {"a": False, "b": False}
+
+
+def test_pairs_cancel_a_load_drift() -> None:
+    """The machine slows down up to 5x during the window (both calls of a pair alike); the
+    pipeline is 10% faster within every pair: the decision sees it."""
+    clock = FakeClock()
+    chooser = ChunkChooser(4, _single_rank, clock)
+    slow = iter([1.0] * 2 * WARMUP + [1.0 + i for i in range(TRIALS) for _ in (0, 1)])
+    for _ in range(2 * (WARMUP + TRIALS)):
+        count = chooser.begin()
+        clock.now += next(slow) * (0.9 if count == 4 else 1.0)
+        chooser.end()
+    chooser.begin()
+    assert chooser.pipelined and chooser.decisions == 1
 
 
 def test_device_samples_are_read_from_events() -> None:

@@ -7,12 +7,14 @@ gloo's worker thread on the same few cores that compute (measured on 2 shared co
 under load). Where the link is slow it wins (0.6-0.75x). Which case holds depends on the link,
 the load and the layer, so the plugin measures it.
 
-How: per MoE layer, a trial window alternates the serial path (megatron's unchunked flex forward)
-and the pipeline, timing each forward (host clock on CPU; device events on accelerators, read at
-the decision, long after they completed). At the end of the window every rank of the layer's
-dispatcher group sums its two medians with the others in one tiny all_reduce, so all ranks apply
-the same rule to the same numbers and keep issuing identical collectives. The pipeline is kept
-only when it is at least ``MARGIN`` faster. The decision holds for a steady period, which doubles
+How: per MoE layer, a trial window alternates the pipeline and the serial path (megatron's
+unchunked flex forward), timing each forward (host clock on CPU; device events on accelerators,
+read at the decision, long after they completed). Each rank takes the median of its
+pipelined/serial ratios over the window's back-to-back pairs (a pair shares the load and link
+state, so the ratio is much less noisy than the times); at the end of the window the ranks of the
+layer's dispatcher group average those medians in one tiny all_reduce, so all ranks apply the same
+rule to the same number and keep issuing identical collectives. The pipeline is kept only when it
+is at least ``MARGIN`` faster. The decision holds for a steady period, which doubles
 while the decision stays the same (re-measuring then costs little), so a change of conditions
 (congestion, load) is picked up again.
 """
@@ -27,7 +29,7 @@ from typing import Any
 from titan_moe_ep_overlap import stats
 
 WARMUP = 1  # unmeasured calls per path before the first trial (allocations, first-call paths)
-TRIALS = 3  # measured calls per path in a trial window
+TRIALS = 5  # measured (pipelined, serial) call pairs in a trial window
 MARGIN = 0.02  # the pipeline must be this much faster than serial to be kept
 FIRST_PERIOD, MAX_PERIOD = 32, 1024  # calls between trial windows (doubling while unchanged)
 
@@ -78,8 +80,8 @@ class ChunkChooser:
     """Chooses 1 or ``chunks`` for each forward call of one MoE layer (see module docstring).
 
     :param chunks: the configured pipeline depth (> 1).
-    :param agree: ``agree([serial, pipelined]) -> [sum over ranks, sum over ranks]``; every rank
-        of the layer's dispatcher group calls it at the same call index.
+    :param agree: ``agree(values) -> their sums over the ranks``; every rank of the layer's
+        dispatcher group calls it at the same call index (with its median ratio and 1).
     :param timer: ``start()`` / ``stop(started)`` pair (host or device clock).
     """
 
@@ -118,11 +120,14 @@ class ChunkChooser:
         if not self._samples[1]:  # a steady period ended: measure again
             self._plan = self._trial_plan(0)
             return
-        medians = [
-            statistics.median(_seconds(s) for s in self._samples[n]) for n in (1, self.chunks)
+        # the two calls of a pair ran back to back (same load, same link state): their ratio is
+        # far less noisy than either time; each rank's median ratio, averaged over the ranks
+        ratios = [
+            _seconds(p) / max(_seconds(s), 1e-9)
+            for p, s in zip(self._samples[self.chunks], self._samples[1])
         ]
-        serial, pipelined = self.agree(medians)
-        keep = pipelined < (1.0 - MARGIN) * serial
+        total, ranks = self.agree([statistics.median(ratios), 1.0])
+        keep = total / ranks < 1.0 - MARGIN
         same = self.decisions > 0 and keep == self.pipelined
         self.period = min(self.period * 2, MAX_PERIOD) if same else FIRST_PERIOD
         self.pipelined = keep
