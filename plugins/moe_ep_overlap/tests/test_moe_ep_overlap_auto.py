@@ -48,11 +48,11 @@ def test_first_window_alternates_then_keeps_the_faster_pipeline() -> None:
     clock = FakeClock()
     chooser = ChunkChooser(4, _single_rank, clock)
     window = 2 * (WARMUP + TRIALS)
-    used = _run(chooser, clock, {1: 1.0, 4: 0.6}, window + FIRST_PERIOD)
+    used = _run(chooser, clock, {1: 1.0, 4: 0.95}, window + FIRST_PERIOD)
     assert used[:window] == [4, 1] * (WARMUP + TRIALS)  # both paths, alternating
     assert used[window:] == [4] * FIRST_PERIOD and chooser.pipelined
     # the next window re-measures (no warm-up), confirms, and the steady period doubles
-    used = _run(chooser, clock, {1: 1.0, 4: 0.6}, 2 * TRIALS + 1)
+    used = _run(chooser, clock, {1: 1.0, 4: 0.95}, 2 * TRIALS + 1)
     assert used == [4, 1] * TRIALS + [4] and chooser.period == 2 * FIRST_PERIOD
     assert stats.snapshot()["auto_kept_pipeline"] == 2
 
@@ -70,12 +70,27 @@ def test_serial_is_kept_unless_the_pipeline_clearly_wins(ratio: float) -> None:
 def test_a_change_of_conditions_is_picked_up_and_resets_the_period() -> None:
     clock = FakeClock()
     chooser = ChunkChooser(2, _single_rank, clock)
-    _run(chooser, clock, {1: 1.0, 2: 0.6}, 2 * (WARMUP + TRIALS) + FIRST_PERIOD)
-    _run(chooser, clock, {1: 1.0, 2: 0.6}, 2 * TRIALS + 2 * FIRST_PERIOD)  # period doubled
+    _run(chooser, clock, {1: 1.0, 2: 0.95}, 2 * (WARMUP + TRIALS) + FIRST_PERIOD)
+    _run(chooser, clock, {1: 1.0, 2: 0.95}, 2 * TRIALS + 2 * FIRST_PERIOD)  # period doubled
     assert chooser.pipelined and chooser.period == 2 * FIRST_PERIOD
-    used = _run(chooser, clock, {1: 1.0, 2: 1.3}, 2 * TRIALS + FIRST_PERIOD)  # link got fast
+    used = _run(chooser, clock, {1: 1.0, 2: 1.01}, 2 * TRIALS + FIRST_PERIOD)  # link got fast
     assert not chooser.pipelined and chooser.period == FIRST_PERIOD
     assert used[-FIRST_PERIOD:] == [1] * FIRST_PERIOD
+
+
+@pytest.mark.parametrize("ratio", [0.5, 0.8, 1.3, 2.0])
+def test_re_measuring_costs_at_most_one_percent(ratio: float) -> None:
+    """The steady period after a decision is long enough that the next window's calls of the
+    slower path add <= 1% to the period's time (until the period cap, 1024 calls)."""
+    clock = FakeClock()
+    chooser = ChunkChooser(4, _single_rank, clock)
+    cost = {1: 1.0, 4: ratio}
+    _run(chooser, clock, cost, 2 * (WARMUP + TRIALS) + 1)
+    chosen, other = (4, 1) if chooser.pipelined else (1, 4)
+    steady = chooser.period * cost[chosen]
+    wasted = TRIALS * (cost[other] - cost[chosen])
+    assert chooser.pipelined == (ratio < 1)
+    assert wasted <= autochunk.TRIAL_BUDGET * steady + 1e-9 or chooser.period == 1024
 
 
 def test_ranks_decide_on_the_averaged_ratios() -> None:

@@ -14,13 +14,15 @@ pipelined/serial ratios over the window's back-to-back pairs (a pair shares the 
 state, so the ratio is much less noisy than the times); at the end of the window the ranks of the
 layer's dispatcher group average those medians in one tiny all_reduce, so all ranks apply the same
 rule to the same number and keep issuing identical collectives. The pipeline is kept only when it
-is at least ``MARGIN`` faster. The decision holds for a steady period, which doubles
-while the decision stays the same (re-measuring then costs little), so a change of conditions
-(congestion, load) is picked up again.
+is at least ``MARGIN`` faster. The decision holds for a steady period, long enough that the next
+window's calls of the slower path cost at most ``TRIAL_BUDGET`` of it (from the measured gap), and
+doubling while the decision stays the same, so a change of conditions (congestion, load) is
+picked up again at a bounded cost.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 import weakref
@@ -32,6 +34,7 @@ WARMUP = 1  # unmeasured calls per path before the first trial (allocations, fir
 TRIALS = 5  # measured (pipelined, serial) call pairs in a trial window
 MARGIN = 0.02  # the pipeline must be this much faster than serial to be kept
 FIRST_PERIOD, MAX_PERIOD = 32, 1024  # calls between trial windows (doubling while unchanged)
+TRIAL_BUDGET = 0.01  # a steady period is long enough that re-measuring costs <= 1% of its time
 
 
 class _HostTimer:
@@ -127,9 +130,13 @@ class ChunkChooser:
             for p, s in zip(self._samples[self.chunks], self._samples[1])
         ]
         total, ranks = self.agree([statistics.median(ratios), 1.0])
-        keep = total / ranks < 1.0 - MARGIN
+        ratio = total / ranks
+        keep = ratio < 1.0 - MARGIN
         same = self.decisions > 0 and keep == self.pipelined
-        self.period = min(self.period * 2, MAX_PERIOD) if same else FIRST_PERIOD
+        period = min(self.period * 2, MAX_PERIOD) if same else FIRST_PERIOD
+        # the next window runs TRIALS calls of the path not chosen, each ``extra`` slower
+        extra = 1.0 / ratio - 1.0 if keep else max(ratio - 1.0, 0.0)
+        self.period = min(MAX_PERIOD, max(period, math.ceil(TRIALS * extra / TRIAL_BUDGET)))
         self.pipelined = keep
         self.decisions += 1
         stats.add("auto_decisions")
