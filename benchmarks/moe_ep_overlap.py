@@ -105,14 +105,17 @@ def measure(layer: Any, x: Any, grad: Any, chunks: int, rounds: int, sync: Any) 
     for _ in range(2 * (autochunk.WARMUP + autochunk.TRIALS)):
         _step(layer, x, grad, "auto", chunks, sync)
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
-    exposed = []  # host time the serial step waited for transfers
+    exposed: dict[str, list[float]] = {mode: [] for mode in MODES}  # host waits for transfers
+    auto_paths = {"pipelined_calls": 0, "serial_calls": 0}
     for index in range(rounds):
         # rotate the order so no mode always runs right after the same other one
         for mode in MODES[index % 3 :] + MODES[: index % 3]:
-            waited = comm.traffic["wait_s"]
+            waited, before = comm.traffic["wait_s"], stats.counts()
             times[mode].append(_step(layer, x, grad, mode, chunks, sync))
-            if mode == "serial":
-                exposed.append(comm.traffic["wait_s"] - waited)
+            exposed[mode].append(comm.traffic["wait_s"] - waited)
+            if mode == "auto":  # which path auto's timed steps took
+                for key in ("pipelined_calls", "serial_calls"):
+                    auto_paths[key] += stats.counts()[key] - before[key]
     out: dict[str, Any] = {f"{m}_ms": 1e3 * statistics.median(times[m]) for m in MODES}
     for mode in ("auto", "pipeline"):
         # the steps of one round ran back to back under the same load: the median of their
@@ -122,10 +125,12 @@ def measure(layer: Any, x: Any, grad: Any, chunks: int, rounds: int, sync: Any) 
             a / b for a, b in zip(times[mode], times["serial"])
         )
         out[f"{mode}_ratio_of_medians"] = out[f"{mode}_ms"] / out["serial_ms"]
-    out["serial_wait_ms"] = 1e3 * statistics.median(exposed)
+    for mode in MODES:
+        out[f"{mode}_wait_ms"] = 1e3 * statistics.median(exposed[mode])
     out["rounds_ms"] = {m: [round(1e3 * t, 1) for t in times[m]] for m in MODES}
     out["auto_choice"] = {True: "pipeline", False: "serial", None: "none"}[autochunk.choice(layer)]
     out["auto_decisions"] = stats.snapshot()["auto_decisions"]
+    out["auto_paths"] = auto_paths
     return out
 
 
@@ -143,21 +148,39 @@ def plain_task(shape: dict, chunks: int, rounds: int) -> dict:
 
 
 # ------------------------------------------------------------------ netns: a real limited link
-def calibrate(layer: Any, x: Any, grad: Any, steps: int = 3) -> tuple[float, float]:
-    """(compute seconds, bytes sent to the other rank) of a serial step, max over the ranks."""
+def _tx_bytes() -> int:
+    """Bytes this namespace's veth end has sent (TCP/IP headers and every collective included)."""
+    ifname = os.environ.get("GLOO_SOCKET_IFNAME", "")
+    try:
+        with open(f"/sys/class/net/{ifname}/statistics/tx_bytes") as counter:
+            return int(counter.read())
+    except (OSError, ValueError):
+        return 0
+
+
+def calibrate(layer: Any, x: Any, grad: Any, steps: int = 3) -> dict:
+    """What a serial step does on the current link: compute seconds (step minus host waits, max
+    over the ranks), bytes to the peer (the plugin's all-to-all payload, and all the veth sent),
+    and the transfer time (the host waits of the rank that waited least: the other rank's waits
+    also hold the time it waited for its peer to arrive)."""
     import torch
     import torch.distributed as dist
     from titan_moe_ep_overlap import comm
 
-    computes, sent = [], []
+    computes, waits, payload, wire = [], [], [], []
     for _ in range(steps):
-        waited, before = comm.traffic["wait_s"], comm.traffic["remote_bytes"]
+        waited, before, tx = comm.traffic["wait_s"], comm.traffic["remote_bytes"], _tx_bytes()
         step = _step(layer, x, grad, "serial", 1, dist.barrier)
-        computes.append(step - (comm.traffic["wait_s"] - waited))
-        sent.append(comm.traffic["remote_bytes"] - before)
-    both = torch.tensor([statistics.median(computes), float(max(sent))], dtype=torch.float64)
-    dist.all_reduce(both, op=dist.ReduceOp.MAX)
-    return float(both[0]), float(both[1])
+        waits.append(comm.traffic["wait_s"] - waited)
+        computes.append(step - waits[-1])
+        payload.append(comm.traffic["remote_bytes"] - before)
+        wire.append(_tx_bytes() - tx)
+    values = [statistics.median(computes), -statistics.median(waits), max(payload), max(wire)]
+    reduced = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
+    compute, comm_s, payload_bytes, wire_bytes = reduced.tolist()
+    return {"compute_s": compute, "comm_s": -comm_s, "payload_bytes": payload_bytes,
+            "wire_bytes": wire_bytes}  # fmt: skip
 
 
 def link_worker(args: argparse.Namespace) -> None:
@@ -184,15 +207,18 @@ def link_worker(args: argparse.Namespace) -> None:
         x, grad = _inputs(shape, rank)
         for mode in MODES:
             _step(layer, x, grad, mode, args.chunks, dist.barrier)
-        compute, sent = calibrate(layer, x, grad)
-        if rank == 0:
-            print("CALIBRATION " + json.dumps({"compute_s": compute, "sent_bytes": sent}),
-                  flush=True)  # fmt: skip
-            if sys.stdin.readline().strip() != "LIMITED":
-                raise SystemExit("the parent did not set the link rate")
-        dist.barrier()
+        calibration = calibrate(layer, x, grad)
+        while True:  # the parent sets (and corrects) the rate until comm ~ compute, then "GO"
+            command = torch.zeros(1)
+            if rank == 0:
+                print("CALIBRATION " + json.dumps(calibration), flush=True)
+                command[0] = float(sys.stdin.readline().strip() == "GO")
+            dist.broadcast(command, 0)
+            if command[0]:
+                break
+            calibration = calibrate(layer, x, grad)
         result = measure(layer, x, grad, args.chunks, args.rounds, dist.barrier)
-        result["compute_ms"] = 1e3 * compute
+        result["compute_ms"] = 1e3 * calibration["compute_s"]
     print("RESULT " + json.dumps(result), flush=True)
     dist.destroy_process_group()
 
@@ -218,13 +244,7 @@ def run_netns(args: argparse.Namespace) -> list[dict] | None:
             procs.append(subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stderr=log,
                                           stdout=subprocess.PIPE, text=True))  # fmt: skip
         try:
-            calibration = _read_tagged(procs[0], "CALIBRATION", logs)
-            rate = calibration["sent_bytes"] / (args.comm_ratio * calibration["compute_s"])
-            print(f"netns: serial compute {1e3 * calibration['compute_s']:.0f} ms, "
-                  f"{calibration['sent_bytes'] / 2**20:.1f} MiB to the peer per step -> "
-                  f"tbf {link.limit(rate)}")  # fmt: skip
-            procs[0].stdin.write("LIMITED\n")
-            procs[0].stdin.flush()
+            set_rate(procs[0], link, args.comm_ratio, logs)
             results = [_read_tagged(p, "RESULT", logs) for p in procs]
             for proc in procs:
                 proc.wait(timeout=120)
@@ -234,6 +254,35 @@ def run_netns(args: argparse.Namespace) -> list[dict] | None:
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
+
+
+def set_rate(rank0: subprocess.Popen, link: Any, comm_ratio: float, logs: str) -> None:
+    """Rate the link so a serial step's all-to-all time is ``comm_ratio`` x its compute.
+
+    First from bytes / compute (unlimited link), then corrected from the transfer time measured
+    on the limited link (TCP over a token bucket does not reach the bucket's rate when both
+    directions are busy: each side's ACKs queue behind its own data), at most 4 times.
+    """
+    calibration = _read_tagged(rank0, "CALIBRATION", logs)
+    sent = calibration["wire_bytes"] or calibration["payload_bytes"]  # headers and all, if read
+    print(f"netns: serial compute {1e3 * calibration['compute_s']:.0f} ms, "
+          f"{sent / 2**20:.1f} MiB sent to the peer per step (all-to-all payload "
+          f"{calibration['payload_bytes'] / 2**20:.1f} MiB), unlimited transfer time "
+          f"{1e3 * calibration['comm_s']:.0f} ms")  # fmt: skip
+    rate = sent / (comm_ratio * calibration["compute_s"])
+    for _ in range(4):
+        shown = link.limit(rate)
+        rank0.stdin.write("MEASURE\n")
+        rank0.stdin.flush()
+        calibration = _read_tagged(rank0, "CALIBRATION", logs)
+        target = comm_ratio * calibration["compute_s"]
+        print(f"netns: {shown} -> transfer {1e3 * calibration['comm_s']:.0f} ms per serial "
+              f"step, compute {1e3 * calibration['compute_s']:.0f} ms")  # fmt: skip
+        if abs(calibration["comm_s"] / target - 1.0) <= 0.15:
+            break
+        rate *= calibration["comm_s"] / target
+    rank0.stdin.write("GO\n")
+    rank0.stdin.flush()
 
 
 def _read_tagged(proc: subprocess.Popen, tag: str, logs: str) -> dict:
@@ -337,9 +386,10 @@ def _print(name: str, row: dict) -> None:
           f"(chose {row['auto_choice']})  pipeline {row['pipeline_ms']:7.1f} ms  "
           f"auto/serial {row['auto_ratio']:.3f} ({row['auto_ratio_of_medians']:.3f})  "
           f"pipeline/serial {row['pipeline_ratio']:.3f} ({row['pipeline_ratio_of_medians']:.3f})"
-          f"  serial waited {row['serial_wait_ms']:.0f} ms")  # fmt: skip
+          f"  waited: serial {row['serial_wait_ms']:.0f} ms, pipeline "
+          f"{row['pipeline_wait_ms']:.0f} ms")  # fmt: skip
     if os.environ.get("MOE_BENCH_VERBOSE"):
-        print(f"{'':13s} per round (ms): {row['rounds_ms']}")
+        print(f"{'':13s} per round (ms): {row['rounds_ms']}; auto's steps: {row['auto_paths']}")
 
 
 def _parser() -> argparse.ArgumentParser:

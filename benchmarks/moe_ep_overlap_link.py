@@ -24,6 +24,7 @@ from collections.abc import Iterator
 PREFIX = "titan_moe_"
 ADDRESSES = ("10.200.0.1", "10.200.0.2")  # rank 0 and rank 1; only inside our namespaces
 GSO_MAX = 64 << 10  # veth hands tbf packets of up to 64 KiB (GSO); the bucket must hold one
+QUEUE_S = 0.1  # queue depth in seconds at the rate (a switch-like buffer, not a bufferbloat)
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -84,7 +85,7 @@ class Link:
         """Put a tbf of this rate on both ends' egress; returns the qdisc as tc shows it."""
         self.rate_bits = max(int(rate_bytes_per_s * 8), 8000)
         burst = max(2 * GSO_MAX, int(rate_bytes_per_s / 1000))  # >= one GSO packet, ~1 ms
-        limit = max(32 << 20, 4 * burst)  # deep queue: TCP is paced by the bucket, not by drops
+        limit = max(4 * burst, int(rate_bytes_per_s * QUEUE_S))
         shown = []
         for ns, ifname, _ in self.ends:
             subprocess.run(
