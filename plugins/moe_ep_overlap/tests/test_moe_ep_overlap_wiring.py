@@ -10,7 +10,7 @@ import types
 
 import pytest
 import torch
-from titan_moe_ep_overlap import doctor, lazy, plugin, selection
+from titan_moe_ep_overlap import bindings, doctor, plugin, selection
 from titan_moe_ep_overlap.overlap import chunk_bounds
 
 from titan_plugins.settings import SettingError
@@ -92,7 +92,9 @@ def test_compatible_deep_ep_is_used_and_megatron_keeps_it(fresh_selection) -> No
     assert chosen.backend == selection.DEEP_EP and chosen.api is sys.modules["deep_ep"]
     original = sys.modules["deep_ep"].Buffer
     assert _backend_value("Buffer")(original) is original
-    assert lazy.real(_backend_value("Buffer")(MISSING)).__module__ == "titan_moe_ep_overlap.buffer"
+    assert (
+        bindings.real(_backend_value("Buffer")(MISSING)).__module__ == "titan_moe_ep_overlap.buffer"
+    )
     assert plugin.titan_moe_dispatcher(config=None) is sys.modules["deep_ep"]
     assert doctor.check_deep_ep().status == "ok"
 
@@ -148,7 +150,7 @@ def task_wiring_with_fake_v2(strict: str) -> dict:
             result["status"] = {
                 p.id: p.status for p in engine.patches() if p.id.startswith("moe_ep_overlap.")
             }
-            result["buffer"] = lazy.real(fused_a2a.Buffer).__module__
+            result["buffer"] = bindings.real(fused_a2a.Buffer).__module__
             result["flag"] = fused_a2a.HAVE_DEEP_EP
             from titan_moe_ep_overlap.moe_forward import chunked_experts  # noqa: F401
 
@@ -272,16 +274,16 @@ def test_megatron_sees_the_backend_and_nothing_more(gloo_pool2) -> None:
 def test_flag_follows_the_binding() -> None:
     """The HAVE_DEEP_EP factory: megatron's True is kept (a real DeepEP was imported); False
     turns True only when fused_a2a really holds our Buffer and entry points."""
-    from titan_moe_ep_overlap import patches, wiring
+    from titan_moe_ep_overlap import patches
 
     fake = types.ModuleType(patches.FUSED_A2A)
     sys.modules[patches.FUSED_A2A], saved = fake, sys.modules.get(patches.FUSED_A2A)
     try:
         assert patches._have_deep_ep(True) is True
         assert patches._have_deep_ep(False) is False  # nothing bound
-        fake.Buffer = lazy.Buffer
-        for name in ("fused_dispatch", "fused_combine", "set_deepep_num_sms"):
-            setattr(fake, name, getattr(wiring, name))
+        fake.Buffer = bindings.Buffer
+        for name, entry in bindings.ENTRY_POINTS.items():
+            setattr(fake, name, entry)
         assert patches._have_deep_ep(False) is True
         fake.fused_combine = None  # one entry point missing: the path would fail
         assert patches._have_deep_ep(False) is False
@@ -293,7 +295,7 @@ def test_flag_follows_the_binding() -> None:
 
 
 HEAVY = ("buffer", "dispatch_ops", "comm", "layout", "rowpack", "overlap", "moe_forward",
-         "autochunk")  # fmt: skip
+         "autochunk", "events", "selection", "stats")  # fmt: skip
 _PROBE = """
 import sys, json
 import megatron.core
@@ -317,5 +319,7 @@ def test_megatron_import_loads_no_backend_and_sees_the_flag() -> None:
                           text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     probe = json.loads(done.stdout.strip().splitlines()[-1])
-    assert probe["flag"] is True and "titan_moe_ep_overlap.lazy.Buffer" in probe["buffer"], probe
+    assert probe["flag"] is True and "titan_moe_ep_overlap.bindings.Buffer" in probe["buffer"], (
+        probe
+    )
     assert not [m for m in probe["loaded"] if m.rsplit(".", 1)[-1] in HEAVY], probe["loaded"]

@@ -17,10 +17,13 @@ from titan_plugins.settings import Setting
 def titan_register_patches(register: Callable[[Patch], None]) -> None:
     """Bind our DeepEP-API backend into megatron's fused_a2a / token_dispatcher, and the
     chunked overlapped MoE forward."""
-    from titan_moe_ep_overlap import selection
+    import sys
+
     from titan_moe_ep_overlap.patches import records
 
-    selection.reset()  # a new activation re-probes (env and installed packages may differ)
+    selection = sys.modules.get("titan_moe_ep_overlap.selection")  # not imported for this
+    if selection is not None:
+        selection.reset()  # a new activation re-probes (env and installed packages may differ)
     for patch in records():
         register(patch)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-import sys
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -52,12 +51,9 @@ def torch_backend_api() -> SimpleNamespace:
 
 def installed() -> bool:
     """Whether a ``deep_ep`` package is importable (found, not imported)."""
-    if "deep_ep" in sys.modules:
-        return True
-    try:
-        return importlib.util.find_spec("deep_ep") is not None
-    except (ValueError, ImportError):
-        return False
+    from titan_moe_ep_overlap.patches import deep_ep_installed
+
+    return deep_ep_installed()
 
 
 def api_problem() -> str | None:
