@@ -102,7 +102,8 @@ def test_ranks_decide_on_the_averaged_ratios() -> None:
     def agree_as(me: str, other: str):
         def agree(values: list[float]) -> list[float]:
             seen[me] = values
-            theirs = [local[other][3] / local[other][1], 1.0]
+            ratio = local[other][3] / local[other][1]
+            theirs = [ratio, float(ratio < 1), 1.0]
             return [v + w for v, w in zip(values, theirs)]
 
         return agree
@@ -113,7 +114,7 @@ def test_ranks_decide_on_the_averaged_ratios() -> None:
         chooser = ChunkChooser(3, agree_as(me, other), clock)
         _run(chooser, clock, local[me], 2 * (WARMUP + TRIALS) + 1)
         decisions[me] = chooser.pipelined
-    assert seen["a"] == pytest.approx([0.9, 1.0]) and decisions == {"a": False, "b": False}
+    assert seen["a"] == pytest.approx([0.9, 1.0, 1.0]) and decisions == {"a": False, "b": False}
 
 
 def test_pairs_cancel_a_load_drift() -> None:
@@ -128,6 +129,21 @@ def test_pairs_cancel_a_load_drift() -> None:
         chooser.end()
     chooser.begin()
     assert chooser.pipelined and chooser.decisions == 1
+
+
+def test_a_spike_does_not_buy_the_pipeline() -> None:
+    """The pipeline costs 5%, but load spikes hit the serial call of half the pairs: the median
+    ratio passes (0.7), yet the pipeline lost the other pairs, so serial is kept."""
+    clock = FakeClock()
+    chooser = ChunkChooser(4, _single_rank, clock)
+    half = TRIALS // 2
+    serial = iter([1.0] * WARMUP + [3.0] * half + [1.0] * (TRIALS - half))
+    for _ in range(2 * (WARMUP + TRIALS)):
+        count = chooser.begin()
+        clock.now += 1.05 if count == 4 else next(serial)
+        chooser.end()
+    chooser.begin()
+    assert not chooser.pipelined and chooser.decisions == 1
 
 
 def test_device_samples_are_read_from_events() -> None:

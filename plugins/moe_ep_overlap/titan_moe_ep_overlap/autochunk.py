@@ -11,10 +11,12 @@ How: per MoE layer, a trial window alternates the pipeline and the serial path (
 unchunked flex forward), timing each forward (host clock on CPU; device events on accelerators,
 read at the decision, long after they completed). Each rank takes the median of its
 pipelined/serial ratios over the window's back-to-back pairs (a pair shares the load and link
-state, so the ratio is much less noisy than the times); at the end of the window the ranks of the
-layer's dispatcher group average those medians in one tiny all_reduce, so all ranks apply the same
-rule to the same number and keep issuing identical collectives. The pipeline is kept only when it
-is at least ``MARGIN`` faster. The decision holds for a steady period, long enough that the next
+state, so the ratio is much less noisy than the times) and the share of pairs the pipeline won;
+at the end of the window the ranks of the layer's dispatcher group average both in one tiny
+all_reduce, so all ranks apply the same rule to the same numbers and keep issuing identical
+collectives. The pipeline is kept only when it is at least ``MARGIN`` faster and won at least
+``WIN_SHARE`` of the pairs: where it costs a few percent (nothing to hide) it loses most pairs,
+where it hides a slow link it wins every one. The decision holds for a steady period, long enough that the next
 window's calls of the slower path cost at most ``TRIAL_BUDGET`` of it (from the measured gap), and
 doubling while the decision stays the same, so a change of conditions (congestion, load) is
 picked up again at a bounded cost.
@@ -31,8 +33,9 @@ from typing import Any
 from titan_moe_ep_overlap import stats
 
 WARMUP = 1  # unmeasured calls per path before the first trial (allocations, first-call paths)
-TRIALS = 5  # measured (pipelined, serial) call pairs in a trial window
-MARGIN = 0.02  # the pipeline must be this much faster than serial to be kept
+TRIALS = 6  # measured (pipelined, serial) call pairs in a trial window
+MARGIN = 0.02  # the pipeline's median pair ratio must be this much below 1 to be kept ...
+WIN_SHARE = 0.8  # ... and it must have been faster in this share of the pairs (5 of 6)
 FIRST_PERIOD, MAX_PERIOD = 32, 1024  # calls between trial windows (doubling while unchanged)
 TRIAL_BUDGET = 0.01  # a steady period is long enough that re-measuring costs <= 1% of its time
 
@@ -129,9 +132,12 @@ class ChunkChooser:
             _seconds(p) / max(_seconds(s), 1e-9)
             for p, s in zip(self._samples[self.chunks], self._samples[1])
         ]
-        total, ranks = self.agree([statistics.median(ratios), 1.0])
+        wins = sum(r < 1.0 for r in ratios) / len(ratios)
+        total, won, ranks = self.agree([statistics.median(ratios), wins, 1.0])
         ratio = total / ranks
-        keep = ratio < 1.0 - MARGIN
+        # Both: a load spike can make one pair (or the median of a few) look like a win; a
+        # pipeline that only costs on this host loses most pairs, one that hides a link wins all
+        keep = ratio < 1.0 - MARGIN and won / ranks >= WIN_SHARE
         same = self.decisions > 0 and keep == self.pipelined
         period = min(self.period * 2, MAX_PERIOD) if same else FIRST_PERIOD
         # the next window runs TRIALS calls of the path not chosen, each ``extra`` slower
