@@ -1,34 +1,48 @@
 """MoE EP overlap (plugin ``moe_ep_overlap``): MoE layer forward+backward time with the chunked
 dispatch/compute/combine pipeline versus megatron's serial flex path, both on the plugin's
-torch.distributed backend, measured in the same run.
+torch.distributed backend, measured in the same run. Three ways to run the layer are timed in
+alternating rounds (medians): ``serial`` (1 chunk: megatron's flex path), ``auto`` (what a user
+gets: ``--chunks`` with the automatic serial-vs-pipeline choice, after its first trial window) and
+``pipeline`` (``--chunks`` always, ``TITAN_MOE_EP_OVERLAP_AUTO=0``).
 
-1. ``plain``: EP=2 on gloo (2 local processes), real loopback all-to-alls. Prints the median
-   fwd+bwd time of serial (1 chunk: megatron's flex path) and overlapped (``--chunks``) and their
-   ratio. On 2 shared CPU cores loopback gloo is fast next to the expert GEMMs, so expect ~1.0:
-   the schedule costs little when there is nothing to hide.
-2. ``inject``: the same with a simulated link added to every all-to-all (a serial link whose
-   bandwidth is calibrated so the layer's total all-to-all time equals its serial fwd+bwd time,
-   ``--comm-ratio 1``; plus ``--latency-ms`` per transfer). Completion of each transfer is
-   delayed, the host is not blocked at issue, exactly like a slower network. Goal:
-   overlapped / serial <= 0.75 at equal communication and compute.
-3. ``gpu``: ``gpu_benchmark()`` - the same comparison on CUDA with NCCL (and DeepEP, if a
-   compatible v1 is installed: the plugin picks it), one process per GPU. Needs >= 2 GPUs; it is
-   skipped with a message otherwise.
+1. ``plain``: EP=2 on gloo over loopback (2 local processes). Nothing to hide: the "transfer" is
+   a memcpy by gloo's thread on the same cores. Goal: auto / serial <= 1.02, loaded or not.
+2. ``netns``: the two EP ranks in two network namespaces joined by a veth pair whose ends are
+   rate-limited with ``tc`` tbf (``moe_ep_overlap_link.py``), gloo over that link. The rate is
+   set from a serial step measured on the same link unlimited: the bytes one rank sends to the
+   other per step over its compute time, so the all-to-all time equals the expert compute
+   (``--comm-ratio``). Goal: pipeline / serial and auto / serial <= 0.75. Needs root and iproute2
+   (``apt-get install iproute2``).
+3. ``sleep-model``: a schedule check only, not a link: the completion of each transfer is delayed
+   in the wait by a sleep computed from a serial-link model (same calibration). It shows the
+   schedule keeps transfers in flight; it says nothing about a network.
+4. ``gpu``: ``gpu_benchmark()`` - CUDA with NCCL (DeepEP if a compatible v1 is installed), one
+   process per GPU; needs >= 2 GPUs, else skipped with a message.
 
-Rounds alternate serial and overlapped, so machine load hits both alike; medians are printed.
+    .venv/bin/python benchmarks/moe_ep_overlap.py [--section plain|netns|sleep-model|gpu|all]
+        [--rounds 15] [--force]
 
-    .venv/bin/python benchmarks/moe_ep_overlap.py [--section plain|inject|gpu|all] [--rounds 7]
+Ratios are medians of per-round ratios (a round runs the three modes back to back, in rotating
+order); the ratio of the medians follows in brackets. Prints the load average first and last;
+verdicts are withheld above the load threshold (``loadguard``) unless ``--force``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from datetime import timedelta
 from typing import Any
 
 ENV = {"TITAN_MOE_EP_OVERLAP_BACKEND": "torch"}
+MODES = ("serial", "auto", "pipeline")
+LINK_PORT = 29561
 
 
 def _moe_layer(shape: dict, cpu: bool = True) -> Any:
@@ -51,10 +65,20 @@ def _moe_layer(shape: dict, cpu: bool = True) -> Any:
     return build_module(spec.submodules.mlp, config=cfg)
 
 
-def _step(layer: Any, x: Any, grad: Any, chunks: int, sync: Any) -> float:
+def _inputs(shape: dict, rank: int) -> tuple:
     import torch
 
-    os.environ["TITAN_MOE_EP_OVERLAP_CHUNKS"] = str(chunks)
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randn(shape["tokens"], 1, shape["hidden"], generator=gen, requires_grad=True)
+    return x, torch.randn(x.shape, generator=gen)
+
+
+def _step(layer: Any, x: Any, grad: Any, mode: str, chunks: int, sync: Any) -> float:
+    """One timed fwd+bwd of the layer in ``mode`` (serial / auto / pipeline)."""
+    import torch
+
+    os.environ["TITAN_MOE_EP_OVERLAP_CHUNKS"] = "1" if mode == "serial" else str(chunks)
+    os.environ["TITAN_MOE_EP_OVERLAP_AUTO"] = "1" if mode == "auto" else "0"
     sync()
     # The CPU test harness routes every torch call through a TorchFunctionMode (device rewrites,
     # a few us per op) that real runs never have and that would tax the chunked schedule (more,
@@ -67,40 +91,212 @@ def _step(layer: Any, x: Any, grad: Any, chunks: int, sync: Any) -> float:
         return time.perf_counter() - start
 
 
-def _compare(layer: Any, x: Any, grad: Any, chunks: int, rounds: int, sync: Any) -> dict:
-    """Medians of alternating serial / overlapped steps and their ratio (the GPU section)."""
-    for c in (1, chunks):  # warm-up: allocator, buffers, first-call paths
-        _step(layer, x, grad, c, sync)
-    serial, overlap = [], []
-    for _ in range(rounds):
-        serial.append(_step(layer, x, grad, 1, sync))
-        overlap.append(_step(layer, x, grad, chunks, sync))
-    s, o = statistics.median(serial), statistics.median(overlap)
-    return {"serial_ms": 1e3 * s, "overlap_ms": 1e3 * o, "ratio": o / s}
+def measure(layer: Any, x: Any, grad: Any, chunks: int, rounds: int, sync: Any) -> dict:
+    """Medians of serial / auto / pipeline steps in rotating order, ratios and auto's choice.
 
-
-def _timed(layer: Any, x: Any, grad: Any, chunks: int, link: tuple | None) -> tuple:
-    """One step with (``link`` = (s/byte, latency)) or without the simulated link.
-
-    Returns ``(step seconds, compute seconds = step minus host time waiting for transfers)``.
+    Before timing: one warm-up step per mode, then auto's first trial window (it alternates both
+    paths), so ``auto`` is timed in its steady state; each later window costs at most
+    ``TRIALS`` calls of the slower path per steady period (32 -> 1024 calls).
     """
+    from titan_moe_ep_overlap import autochunk, comm, stats
+
+    for mode in MODES:
+        _step(layer, x, grad, mode, chunks, sync)
+    for _ in range(2 * (autochunk.WARMUP + autochunk.TRIALS)):
+        _step(layer, x, grad, "auto", chunks, sync)
+    times: dict[str, list[float]] = {mode: [] for mode in MODES}
+    exposed: dict[str, list[float]] = {mode: [] for mode in MODES}  # host waits for transfers
+    auto_paths = {"pipelined_calls": 0, "serial_calls": 0}
+    for index in range(rounds):
+        # rotate the order so no mode always runs right after the same other one
+        for mode in MODES[index % 3 :] + MODES[: index % 3]:
+            waited, before = comm.traffic["wait_s"], stats.counts()
+            times[mode].append(_step(layer, x, grad, mode, chunks, sync))
+            exposed[mode].append(comm.traffic["wait_s"] - waited)
+            if mode == "auto":  # which path auto's timed steps took
+                for key in ("pipelined_calls", "serial_calls"):
+                    auto_paths[key] += stats.counts()[key] - before[key]
+    out: dict[str, Any] = {f"{m}_ms": 1e3 * statistics.median(times[m]) for m in MODES}
+    for mode in ("auto", "pipeline"):
+        # the steps of one round ran back to back under the same load: the median of their
+        # ratios is the figure (a load spike hits a round's steps alike); the ratio of the
+        # medians is printed beside it
+        out[f"{mode}_ratio"] = statistics.median(
+            a / b for a, b in zip(times[mode], times["serial"])
+        )
+        out[f"{mode}_ratio_of_medians"] = out[f"{mode}_ms"] / out["serial_ms"]
+    for mode in MODES:
+        out[f"{mode}_wait_ms"] = 1e3 * statistics.median(exposed[mode])
+    out["rounds_ms"] = {m: [round(1e3 * t, 1) for t in times[m]] for m in MODES}
+    out["auto_choice"] = {True: "pipeline", False: "serial", None: "none"}[autochunk.choice(layer)]
+    out["auto_decisions"] = stats.snapshot()["auto_decisions"]
+    out["auto_paths"] = auto_paths
+    return out
+
+
+def plain_task(shape: dict, chunks: int, rounds: int) -> dict:
+    """One EP rank on gloo over loopback (a GlooWorkerPool task)."""
+    import torch.distributed as dist
+
+    from titan_plugins.testing import plugin_active, tiny_gpt
+
+    tiny_gpt.init_parallel(ep=2)
+    with plugin_active("moe_ep_overlap", env=ENV):
+        layer = _moe_layer(shape)
+        x, grad = _inputs(shape, dist.get_rank())
+        return measure(layer, x, grad, chunks, rounds, dist.barrier)
+
+
+# ------------------------------------------------------------------ netns: a real limited link
+def _tx_bytes() -> int:
+    """Bytes this namespace's veth end has sent (TCP/IP headers and every collective included)."""
+    ifname = os.environ.get("GLOO_SOCKET_IFNAME", "")
+    try:
+        with open(f"/sys/class/net/{ifname}/statistics/tx_bytes") as counter:
+            return int(counter.read())
+    except (OSError, ValueError):
+        return 0
+
+
+def calibrate(layer: Any, x: Any, grad: Any, steps: int = 3) -> dict:
+    """What a serial step does on the current link: compute seconds (step minus host waits, max
+    over the ranks), bytes to the peer (the plugin's all-to-all payload, and all the veth sent),
+    and the transfer time (the host waits of the rank that waited least: the other rank's waits
+    also hold the time it waited for its peer to arrive)."""
+    import torch
     import torch.distributed as dist
     from titan_moe_ep_overlap import comm
 
-    if link is not None:
-        comm.set_link_model(*link)
-    try:
-        waited = comm.traffic["wait_s"]
-        step = _step(layer, x, grad, chunks, dist.barrier)
-        return step, step - (comm.traffic["wait_s"] - waited)
-    finally:
-        comm.clear_link_model()
+    computes, waits, payload, wire = [], [], [], []
+    for _ in range(steps):
+        waited, before, tx = comm.traffic["wait_s"], comm.traffic["remote_bytes"], _tx_bytes()
+        step = _step(layer, x, grad, "serial", 1, dist.barrier)
+        waits.append(comm.traffic["wait_s"] - waited)
+        computes.append(step - waits[-1])
+        payload.append(comm.traffic["remote_bytes"] - before)
+        wire.append(_tx_bytes() - tx)
+    values = [statistics.median(computes), -statistics.median(waits), max(payload), max(wire)]
+    reduced = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
+    compute, comm_s, payload_bytes, wire_bytes = reduced.tolist()
+    return {"compute_s": compute, "comm_s": -comm_s, "payload_bytes": payload_bytes,
+            "wire_bytes": wire_bytes}  # fmt: skip
 
 
-def cpu_task(shape: dict, chunks: int, rounds: int, comm_ratio: float, latency_ms: float) -> dict:
-    """One EP rank on gloo. Each round times, back to back, serial and overlapped steps without
-    and with the simulated link, so load changes on the shared machine hit all four alike; the
-    round's plain serial step (its compute time: step minus transfer waits) sets the link."""
+def link_worker(args: argparse.Namespace) -> None:
+    """One EP rank inside its namespace: calibrate, ask the parent to set the rate, measure."""
+    import torch
+
+    torch.set_num_threads(1)
+    from titan_plugins.testing import cpu_harness
+
+    cpu_harness.install()
+    import megatron.core  # noqa: F401
+    import torch.distributed as dist
+
+    from titan_plugins.testing import plugin_active, tiny_gpt
+
+    rank = args.link_worker
+    # a bounded timeout: if the parent dies the peer must not wait gloo's default 30 minutes
+    dist.init_process_group("gloo", init_method=f"tcp://{args.master}:{LINK_PORT}", rank=rank,
+                            world_size=2, timeout=timedelta(seconds=600))  # fmt: skip
+    tiny_gpt.init_parallel(ep=2)
+    with plugin_active("moe_ep_overlap", env=ENV):
+        shape = _shape(args)
+        layer = _moe_layer(shape)
+        x, grad = _inputs(shape, rank)
+        for mode in MODES:
+            _step(layer, x, grad, mode, args.chunks, dist.barrier)
+        calibration = calibrate(layer, x, grad)
+        while True:  # the parent sets (and corrects) the rate until comm ~ compute, then "GO"
+            command = torch.zeros(1)
+            if rank == 0:
+                print("CALIBRATION " + json.dumps(calibration), flush=True)
+                command[0] = float(sys.stdin.readline().strip() == "GO")
+            dist.broadcast(command, 0)
+            if command[0]:
+                break
+            calibration = calibrate(layer, x, grad)
+        result = measure(layer, x, grad, args.chunks, args.rounds, dist.barrier)
+        result["compute_ms"] = 1e3 * calibration["compute_s"]
+    print("RESULT " + json.dumps(result), flush=True)
+    dist.destroy_process_group()
+
+
+def run_netns(args: argparse.Namespace) -> list[dict] | None:
+    """Both ranks in their namespaces over a tbf-limited veth; returns their results."""
+    import moe_ep_overlap_link as netlink
+
+    from titan_plugins.testing.workers import WORKER_ENV
+
+    problem = netlink.missing_tools()
+    if problem:
+        print(f"netns: skipped, {problem}")
+        return None
+    script = os.path.abspath(__file__)
+    with netlink.link() as link, tempfile.TemporaryDirectory() as logs:
+        procs = []
+        for rank in (0, 1):
+            env = {**os.environ, **WORKER_ENV, "GLOO_SOCKET_IFNAME": link.ends[rank][1]}
+            command = [*link.prefix(rank), sys.executable, script, "--link-worker", str(rank),
+                       "--master", link.ends[0][2], *_shape_args(args)]  # fmt: skip
+            log = open(os.path.join(logs, f"rank{rank}.log"), "w")  # noqa: SIM115
+            procs.append(subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stderr=log,
+                                          stdout=subprocess.PIPE, text=True))  # fmt: skip
+        try:
+            set_rate(procs[0], link, args.comm_ratio, logs)
+            results = [_read_tagged(p, "RESULT", logs) for p in procs]
+            for proc in procs:
+                proc.wait(timeout=120)
+            return results
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+
+
+def set_rate(rank0: subprocess.Popen, link: Any, comm_ratio: float, logs: str) -> None:
+    """Rate the link so a serial step's all-to-all time is ``comm_ratio`` x its compute.
+
+    First from bytes / compute (unlimited link), then corrected from the transfer time measured
+    on the limited link (TCP over a token bucket does not reach the bucket's rate when both
+    directions are busy: each side's ACKs queue behind its own data), at most 4 times.
+    """
+    calibration = _read_tagged(rank0, "CALIBRATION", logs)
+    sent = calibration["wire_bytes"] or calibration["payload_bytes"]  # headers and all, if read
+    print(f"netns: serial compute {1e3 * calibration['compute_s']:.0f} ms, "
+          f"{sent / 2**20:.1f} MiB sent to the peer per step (all-to-all payload "
+          f"{calibration['payload_bytes'] / 2**20:.1f} MiB), unlimited transfer time "
+          f"{1e3 * calibration['comm_s']:.0f} ms")  # fmt: skip
+    rate = sent / (comm_ratio * calibration["compute_s"])
+    for _ in range(4):
+        shown = link.limit(rate)
+        rank0.stdin.write("MEASURE\n")
+        rank0.stdin.flush()
+        calibration = _read_tagged(rank0, "CALIBRATION", logs)
+        target = comm_ratio * calibration["compute_s"]
+        print(f"netns: {shown} -> transfer {1e3 * calibration['comm_s']:.0f} ms per serial "
+              f"step, compute {1e3 * calibration['compute_s']:.0f} ms")  # fmt: skip
+        if abs(calibration["comm_s"] / target - 1.0) <= 0.15:
+            break
+        rate *= calibration["comm_s"] / target
+    rank0.stdin.write("GO\n")
+    rank0.stdin.flush()
+
+
+def _read_tagged(proc: subprocess.Popen, tag: str, logs: str) -> dict:
+    for line in proc.stdout:
+        if line.startswith(tag + " "):
+            return json.loads(line[len(tag) + 1 :])
+    tails = "".join(open(os.path.join(logs, f)).read()[-3000:] for f in sorted(os.listdir(logs)))
+    raise RuntimeError(f"a link worker exited before {tag} (rc {proc.wait()}):\n{tails}")
+
+
+# ------------------------------------------------------------------ sleep model (schedule only)
+def sleep_model_task(shape: dict, chunks: int, rounds: int, comm_ratio: float) -> dict:
+    """Schedule check: each transfer's completion is delayed in its wait by a serial-link model
+    whose bandwidth makes the layer's all-to-all time ``comm_ratio`` x its serial compute."""
     import torch
     import torch.distributed as dist
     from titan_moe_ep_overlap import comm
@@ -110,39 +306,28 @@ def cpu_task(shape: dict, chunks: int, rounds: int, comm_ratio: float, latency_m
     tiny_gpt.init_parallel(ep=2)
     with plugin_active("moe_ep_overlap", env=ENV):
         layer = _moe_layer(shape)
-        gen = torch.Generator().manual_seed(dist.get_rank())
-        x = torch.randn(shape["tokens"], 1, shape["hidden"], generator=gen, requires_grad=True)
-        grad = torch.randn(x.shape, generator=gen)
-        for c in (1, chunks):  # warm-up: allocator, buffers, first-call paths
-            _timed(layer, x, grad, c, None)
-        before = comm.traffic["bytes"]
-        _timed(layer, x, grad, 1, None)
-        moved = float(comm.traffic["bytes"] - before)  # bytes one serial fwd+bwd moves
-        modes = ("plain", "inject")
-        times: dict = {(m, c): [] for m in modes for c in (1, chunks)}
-        links = []
+        x, grad = _inputs(shape, dist.get_rank())
+        for mode in ("serial", "pipeline"):
+            _step(layer, x, grad, mode, chunks, dist.barrier)
+        times: dict[str, list[float]] = {"serial": [], "pipeline": []}
         for _ in range(rounds):
-            # the plain serial step of this round calibrates the link: comm == ratio * compute
-            step, compute = _timed(layer, x, grad, 1, None)
-            compute_t = torch.tensor([compute])
-            dist.all_reduce(compute_t, op=dist.ReduceOp.MAX)
-            link = (comm_ratio * float(compute_t) / moved, latency_ms / 1e3)
-            links.append(comm_ratio * float(compute_t))
-            times[("plain", 1)].append((step, compute))
-            times[("plain", chunks)].append(_timed(layer, x, grad, chunks, None))
-            times[("inject", 1)].append(_timed(layer, x, grad, 1, link))
-            times[("inject", chunks)].append(_timed(layer, x, grad, chunks, link))
-    out = {}
-    for mode in modes:
-        serial = statistics.median(t for t, _ in times[(mode, 1)])
-        overlap = statistics.median(t for t, _ in times[(mode, chunks)])
-        out[mode] = {"serial_ms": 1e3 * serial, "overlap_ms": 1e3 * overlap,
-                     "ratio": overlap / serial}  # fmt: skip
-    out["inject"]["compute_ms"] = 1e3 * statistics.median(c for _, c in times[("plain", 1)])
-    out["inject"]["injected_comm_ms"] = 1e3 * statistics.median(links)
-    return out
+            before, waited = comm.traffic["bytes"], comm.traffic["wait_s"]
+            step = _step(layer, x, grad, "serial", chunks, dist.barrier)  # calibrates the model
+            compute = torch.tensor([step - (comm.traffic["wait_s"] - waited)])
+            dist.all_reduce(compute, op=dist.ReduceOp.MAX)
+            per_byte = comm_ratio * float(compute) / (comm.traffic["bytes"] - before)
+            for mode in ("serial", "pipeline"):
+                comm.set_link_model(per_byte)
+                try:
+                    times[mode].append(_step(layer, x, grad, mode, chunks, dist.barrier))
+                finally:
+                    comm.clear_link_model()
+    serial, pipelined = (statistics.median(times[m]) for m in ("serial", "pipeline"))
+    return {"serial_ms": 1e3 * serial, "pipeline_ms": 1e3 * pipelined,
+            "pipeline_ratio": pipelined / serial}  # fmt: skip
 
 
+# ------------------------------------------------------------------ GPU
 def gpu_benchmark(shape: dict, chunks: int, rounds: int) -> dict | None:
     """CUDA/NCCL (DeepEP if compatible) comparison over all visible GPUs (>= 2), or None."""
     import torch
@@ -176,8 +361,7 @@ def _gpu_worker(rank: int, world: int, shape: dict, chunks: int, rounds: int, qu
     layer = _moe_layer({**shape, "tokens": shape["tokens"] * 8}, cpu=False).cuda()
     x = torch.randn(shape["tokens"] * 8, 1, shape["hidden"], device="cuda", dtype=torch.bfloat16)
     x.requires_grad_(True)
-    grad = torch.randn_like(x)
-    result = _compare(layer, x, grad, chunks, rounds, torch.cuda.synchronize)
+    result = measure(layer, x, torch.randn_like(x), chunks, rounds, torch.cuda.synchronize)
     from titan_moe_ep_overlap.selection import select_backend
 
     result["backend"] = select_backend().detail
@@ -186,48 +370,90 @@ def _gpu_worker(rank: int, world: int, shape: dict, chunks: int, rounds: int, qu
     dist.destroy_process_group()
 
 
+# ------------------------------------------------------------------ command line
+def _shape(args: argparse.Namespace) -> dict:
+    return dict(tokens=args.tokens, hidden=args.hidden, ffn=args.ffn, experts=args.experts,
+                topk=args.topk)  # fmt: skip
+
+
+def _shape_args(args: argparse.Namespace) -> list[str]:
+    names = ("tokens", "hidden", "ffn", "experts", "topk", "chunks", "rounds")
+    return [item for name in names for item in (f"--{name}", str(getattr(args, name)))]
+
+
 def _print(name: str, row: dict) -> None:
-    extra = ""
-    if "injected_comm_ms" in row:
-        extra = (f"  (serial compute in the rounds {row['compute_ms']:.1f} ms, "
-                 f"link {row['injected_comm_ms']:.1f} ms)")  # fmt: skip
-    print(f"{name:7s} serial {row['serial_ms']:8.1f} ms  overlapped {row['overlap_ms']:8.1f} ms"
-          f"  ratio {row['ratio']:.3f}{extra}")  # fmt: skip
+    print(f"{name:13s} serial {row['serial_ms']:7.1f} ms  auto {row['auto_ms']:7.1f} ms "
+          f"(chose {row['auto_choice']})  pipeline {row['pipeline_ms']:7.1f} ms  "
+          f"auto/serial {row['auto_ratio']:.3f} ({row['auto_ratio_of_medians']:.3f})  "
+          f"pipeline/serial {row['pipeline_ratio']:.3f} ({row['pipeline_ratio_of_medians']:.3f})"
+          f"  waited: serial {row['serial_wait_ms']:.0f} ms, pipeline "
+          f"{row['pipeline_wait_ms']:.0f} ms")  # fmt: skip
+    if os.environ.get("MOE_BENCH_VERBOSE"):
+        print(f"{'':13s} per round (ms): {row['rounds_ms']}; auto's steps: {row['auto_paths']}")
 
 
-def main() -> None:
-    """Parse arguments, run the sections, print medians and ratios."""
+def _parser() -> argparse.ArgumentParser:
+    import loadguard
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--section", choices=("plain", "inject", "gpu", "all"), default="all")
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--section", default="all",
+                        choices=("plain", "netns", "sleep-model", "gpu", "all"))  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--chunks", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=4096, help="tokens per rank")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--ffn", type=int, default=1024)
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--topk", type=int, default=2)
-    parser.add_argument("--comm-ratio", type=float, default=1.0, help="injected comm / compute")
-    parser.add_argument("--latency-ms", type=float, default=0.0, help="extra per all-to-all")
-    args = parser.parse_args()
-    shape = dict(tokens=args.tokens, hidden=args.hidden, ffn=args.ffn, experts=args.experts,
-                 topk=args.topk)  # fmt: skip
+    parser.add_argument("--comm-ratio", type=float, default=1.0,
+                        help="all-to-all time / expert compute on the limited link")  # fmt: skip
+    parser.add_argument("--link-worker", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--master", default=None, help=argparse.SUPPRESS)
+    loadguard.add_arguments(parser)
+    return parser
+
+
+def main() -> None:
+    """Parse arguments, run the sections, print medians, ratios and verdicts."""
+    import loadguard
+
+    args = _parser().parse_args()
+    if args.link_worker is not None:
+        link_worker(args)
+        return
+    shape, wanted = _shape(args), {args.section}
+    if args.section == "all":
+        wanted = {"plain", "netns", "sleep-model", "gpu"}
     print(f"MoE layer {shape}, EP=2, chunks={args.chunks}, {args.rounds} rounds (medians)")
-    if args.section in ("plain", "inject", "all"):
+    print(loadguard.describe(args))
+    if wanted & {"plain", "sleep-model"}:
         from titan_plugins.testing.workers import GlooWorkerPool
 
         with GlooWorkerPool(2) as pool:
-            rows = pool.run(cpu_task, shape, args.chunks, args.rounds, args.comm_ratio,
-                            args.latency_ms, timeout=1800)  # fmt: skip
-        for rank, row in enumerate(rows):
-            if args.section in ("plain", "all"):
-                _print(f"plain r{rank}", row["plain"])
-            if args.section in ("inject", "all"):
-                _print(f"inject r{rank}", row["inject"])
-        if args.section in ("inject", "all"):
-            worst = max(row["inject"]["ratio"] for row in rows)
-            print(f"goal overlapped/serial <= 0.75 with comm == compute: "
-                  f"{'met' if worst <= 0.75 else 'NOT met'} ({worst:.3f})")  # fmt: skip
-    if args.section in ("gpu", "all"):
+            if "plain" in wanted:
+                rows = pool.run(plain_task, shape, args.chunks, args.rounds, timeout=1800)
+                for rank, row in enumerate(rows):
+                    _print(f"plain r{rank}", row)
+                worst = max(row["auto_ratio"] for row in rows)
+                print(f"goal on loopback auto/serial <= 1.02: "
+                      f"{loadguard.verdict(worst <= 1.02, args)} ({worst:.3f})")  # fmt: skip
+            if "sleep-model" in wanted:
+                rows = pool.run(sleep_model_task, shape, args.chunks, args.rounds,
+                                args.comm_ratio, timeout=1800)  # fmt: skip
+                for rank, row in enumerate(rows):
+                    print(f"sleep-model r{rank} (schedule check only, not a link): serial "
+                          f"{row['serial_ms']:.1f} ms  pipeline {row['pipeline_ms']:.1f} ms  "
+                          f"ratio {row['pipeline_ratio']:.3f}")  # fmt: skip
+    if "netns" in wanted:
+        rows = run_netns(args)
+        if rows is not None:
+            for rank, row in enumerate(rows):
+                _print(f"netns r{rank}", row)
+            worst = max(max(row["auto_ratio"], row["pipeline_ratio"]) for row in rows)
+            print(f"goal on the limited link pipeline/serial and auto/serial <= 0.75: "
+                  f"{loadguard.verdict(worst <= 0.75, args)} ({worst:.3f})")  # fmt: skip
+    print(loadguard.describe(args))
+    if "gpu" in wanted:
         row = gpu_benchmark(shape, args.chunks, args.rounds)
         if row is not None:
             _print("gpu", row)

@@ -7,6 +7,12 @@ MoE layer is bit-identical for top-2, see test_moe_ep_overlap_layer, so the Adam
 With 2/4 chunks the first step's loss/grad norm are within 16 ulps (same math, different GEMM row
 blocking); later steps within 1e-5 relative: Adam normalises each update, so a rounding-level
 gradient difference moves a weight by at most ``lr * O(1e-6)``.
+
+Each run also checks that what was meant to run did: megatron's own flex dispatcher with its
+``_DeepepManager`` (built because megatron's ``HAVE_DEEP_EP`` / ``fused_dispatch`` now say the
+backend exists), and the plugin's counters: with 1 chunk every MoE layer call went through
+megatron's unchunked ``FusedDispatch``/``FusedCombine`` on our Buffer, with n chunks every call
+ran the pipeline with n dispatches and n combines each way.
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ import pytest
 import torch
 
 EPS32 = torch.finfo(torch.float32).eps
+# our backend, and the configured chunk count on every call (no automatic serial fallback)
+FIXED = {"TITAN_MOE_EP_OVERLAP_BACKEND": "torch", "TITAN_MOE_EP_OVERLAP_AUTO": "0"}
+MICROBATCHES, LAYERS = 4, 2  # tiny_gpt's default layer count at PP=1
 
 
 def _train(dispatcher: str, steps: int, state: dict | None, **overrides) -> tuple:
@@ -31,22 +40,47 @@ def _train(dispatcher: str, steps: int, state: dict | None, **overrides) -> tupl
         state = {k: v.clone() for k, v in module.state_dict().items() if v is not None}
     else:
         module.load_state_dict(state)
-    losses, norms = tiny_gpt.train(chunks, cfg, steps=steps, num_microbatches=4)
+    losses, norms = tiny_gpt.train(chunks, cfg, steps=steps, num_microbatches=MICROBATCHES)
     return losses, norms, state
 
 
+def _train_counted(steps: int, state: dict) -> tuple:
+    """Train flex (megatron's MoEFlexTokenDispatcher, "deepep" backend); return the losses,
+    norms, the plugin's counters for this run and the dispatcher classes megatron built."""
+    import titan_moe_ep_overlap
+    from titan_moe_ep_overlap import stats
+
+    stats.reset()
+    from titan_plugins.testing import tiny_gpt
+
+    cfg = tiny_gpt.make_config(moe_token_dispatcher_type="flex", moe_router_dtype="fp32")
+    assert cfg.moe_flex_dispatcher_backend == "deepep"
+    chunks = tiny_gpt.build_model(cfg)
+    chunks[0].module.load_state_dict(state)
+    dispatcher = chunks[0].module.decoder.layers[0].mlp.token_dispatcher
+    kinds = (type(dispatcher).__name__, type(dispatcher._comm_manager).__name__)
+    losses, norms = tiny_gpt.train(chunks, cfg, steps=steps, num_microbatches=MICROBATCHES)
+    return losses, norms, titan_moe_ep_overlap.effects(), kinds
+
+
 def task_gpt_flex_vs_alltoall(ep: int, chunk_counts: tuple[int, ...], steps: int) -> dict:
-    """Losses/grad norms of alltoall and of flex+ours per chunk count (same initial weights)."""
+    """Losses/grad norms of alltoall and of flex+ours per chunk count (same initial weights),
+    with the counters of each flex run and megatron's DeepEP flag."""
+    from megatron.core.transformer.moe import fused_a2a
+
     from titan_plugins.testing import plugin_active, tiny_gpt
 
     tiny_gpt.init_parallel(ep=ep)
     ref_losses, ref_norms, state = _train("alltoall", steps, None)
-    out = {"ref": (ref_losses, ref_norms)}
-    with plugin_active("moe_ep_overlap", env={"TITAN_MOE_EP_OVERLAP_BACKEND": "torch"}):
+    out = {"ref": (ref_losses, ref_norms), "flag_off": fused_a2a.HAVE_DEEP_EP}
+    with plugin_active("moe_ep_overlap", env=FIXED):
+        out["flag_on"] = fused_a2a.HAVE_DEEP_EP
         for count in chunk_counts:
             os.environ["TITAN_MOE_EP_OVERLAP_CHUNKS"] = str(count)
-            losses, norms, _ = _train("flex", steps, state)
+            losses, norms, effects, kinds = _train_counted(steps, state)
             out[count] = (losses, norms)
+            out[("effects", count)], out["kinds"] = effects, kinds
+    out["flag_after"] = fused_a2a.HAVE_DEEP_EP
     return out
 
 
@@ -57,7 +91,7 @@ def task_gpt_ep_overlap(steps: int) -> dict:
     tiny_gpt.init_parallel(ep=2)
     bf16 = dict(bf16=True, params_dtype=torch.bfloat16)
     out, state = {}, None
-    with plugin_active("moe_ep_overlap", env={"TITAN_MOE_EP_OVERLAP_BACKEND": "torch"}):
+    with plugin_active("moe_ep_overlap", env=FIXED):
         for overlap in (False, True):
             for count in (1, 4):
                 os.environ["TITAN_MOE_EP_OVERLAP_CHUNKS"] = str(count)
@@ -76,8 +110,32 @@ def _close(a: list[float], b: list[float], first_ulps: float, rel: float) -> boo
     return first and rest
 
 
-def _check_flex_vs_alltoall(results: list[dict]) -> None:
+def _check_counters(effects: dict, count: int, steps: int) -> None:
+    """Every forward layer call of the run took the path ``count`` asks for, with ``count``
+    dispatches and combines in the forward and again in the backward."""
+    calls = steps * MICROBATCHES * LAYERS
+    assert effects["layer_calls"] == calls, effects
+    if count == 1:
+        assert effects["serial_calls"] == calls and effects["pipelined_calls"] == 0, effects
+        # megatron's FusedDispatch (forward) + FusedCombine.backward (cached dispatch), and
+        # FusedCombine (forward) + FusedDispatch.backward (combine), all on our Buffer
+        assert effects["api_dispatches"] == effects["api_combines"] == 2 * calls, effects
+        return
+    assert effects["pipelined_calls"] == calls and effects["serial_calls"] == 0, effects
+    assert effects["chunks"] == count * calls, effects
+    assert effects["pipeline_dispatches"] == effects["pipeline_combines"] == 2 * count * calls
+    assert effects["api_dispatches"] == effects["pipeline_dispatches"], effects
+    assert effects["last_pipelined_call"] == {
+        "chunks": count, "dispatches": 2 * count, "combines": 2 * count,
+    }, effects  # fmt: skip
+
+
+def _check_flex_vs_alltoall(results: list[dict], steps: int) -> None:
     for res in results:
+        assert (res["flag_off"], res["flag_on"], res["flag_after"]) == (False, True, False), res
+        assert res["kinds"] == ("MoEFlexTokenDispatcher", "_DeepepManager"), res["kinds"]
+        for count in [key for key in res if isinstance(key, int)]:
+            _check_counters(res[("effects", count)], count, steps)
         ref_losses, ref_norms = res["ref"]
         assert res[1] == (ref_losses, ref_norms), (res[1], res["ref"])
         for count in (2, 4):
@@ -89,12 +147,12 @@ def _check_flex_vs_alltoall(results: list[dict]) -> None:
 
 @pytest.mark.multiprocess
 def test_gpt_flex_equals_alltoall_ep2(gloo_pool2) -> None:
-    _check_flex_vs_alltoall(gloo_pool2.run(task_gpt_flex_vs_alltoall, 2, (1, 2, 4), 3))
+    _check_flex_vs_alltoall(gloo_pool2.run(task_gpt_flex_vs_alltoall, 2, (1, 2, 4), 3), 3)
 
 
 @pytest.mark.multiprocess
 def test_gpt_flex_equals_alltoall_ep4(gloo_pool4) -> None:
-    _check_flex_vs_alltoall(gloo_pool4.run(task_gpt_flex_vs_alltoall, 4, (1, 4), 2))
+    _check_flex_vs_alltoall(gloo_pool4.run(task_gpt_flex_vs_alltoall, 4, (1, 4), 2), 2)
 
 
 @pytest.mark.multiprocess

@@ -24,6 +24,8 @@ import torch
 import torch.distributed as dist
 
 EPS32 = torch.finfo(torch.float32).eps
+# our backend, and the configured chunk count on every call (no automatic serial fallback)
+FIXED = {"TITAN_MOE_EP_OVERLAP_BACKEND": "torch", "TITAN_MOE_EP_OVERLAP_AUTO": "0"}
 ULPS = 16  # bound in units of eps * max|reference| where bit-identity is not expected
 
 # (experts, topk, capacity factor, pad to capacity (reference only), shared expert, skewed routing,
@@ -104,7 +106,7 @@ def task_layer_matrix(ep: int, cases: list[tuple], chunks: tuple[int, ...], seed
 
     tiny_gpt.init_parallel(ep=ep)
     results = []
-    with plugin_active("moe_ep_overlap", env={"TITAN_MOE_EP_OVERLAP_BACKEND": "torch"}):
+    with plugin_active("moe_ep_overlap", env=FIXED):
         for index, case in enumerate(cases):
             t0 = time.perf_counter()
             ref_layer = _build_layer(_config(ep, case, "alltoall"))
@@ -168,7 +170,7 @@ def task_tp2_ep2(chunks: tuple[int, ...], seed: int) -> dict:
 
     tiny_gpt.init_parallel(tp=2, ep=2)
     out = {}
-    with plugin_active("moe_ep_overlap", env={"TITAN_MOE_EP_OVERLAP_BACKEND": "torch"}):
+    with plugin_active("moe_ep_overlap", env=FIXED):
         cfg = tiny_gpt.make_config(
             num_layers=1, moe_token_dispatcher_type="flex", moe_router_dtype="fp32",
             sequence_parallel=True,

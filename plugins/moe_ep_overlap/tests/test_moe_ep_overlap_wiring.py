@@ -10,7 +10,7 @@ import types
 
 import pytest
 import torch
-from titan_moe_ep_overlap import doctor, plugin, selection
+from titan_moe_ep_overlap import bindings, doctor, plugin, selection
 from titan_moe_ep_overlap.overlap import chunk_bounds
 
 from titan_plugins.settings import SettingError
@@ -92,7 +92,9 @@ def test_compatible_deep_ep_is_used_and_megatron_keeps_it(fresh_selection) -> No
     assert chosen.backend == selection.DEEP_EP and chosen.api is sys.modules["deep_ep"]
     original = sys.modules["deep_ep"].Buffer
     assert _backend_value("Buffer")(original) is original
-    assert _backend_value("Buffer")(MISSING).__module__ == "titan_moe_ep_overlap.buffer"
+    assert (
+        bindings.real(_backend_value("Buffer")(MISSING)).__module__ == "titan_moe_ep_overlap.buffer"
+    )
     assert plugin.titan_moe_dispatcher(config=None) is sys.modules["deep_ep"]
     assert doctor.check_deep_ep().status == "ok"
 
@@ -113,7 +115,7 @@ def test_bad_settings_and_expert_count(fresh_selection, caplog) -> None:
 
     fresh_selection.setenv("TITAN_MOE_EP_OVERLAP_CHUNKS", "0")
     with caplog.at_level(logging.WARNING):
-        assert settings.num_chunks() == settings.DEFAULT_CHUNKS
+        assert settings.CHUNKS.read() == settings.CHUNKS.default
     config = types.SimpleNamespace(num_moe_experts=6, expert_model_parallel_size=4)
     with caplog.at_level(logging.WARNING):
         plugin.titan_configure(config=config)
@@ -148,7 +150,8 @@ def task_wiring_with_fake_v2(strict: str) -> dict:
             result["status"] = {
                 p.id: p.status for p in engine.patches() if p.id.startswith("moe_ep_overlap.")
             }
-            result["buffer"] = fused_a2a.Buffer.__module__
+            result["buffer"] = bindings.real(fused_a2a.Buffer).__module__
+            result["flag"] = fused_a2a.HAVE_DEEP_EP
             from titan_moe_ep_overlap.moe_forward import chunked_experts  # noqa: F401
 
             cfg = tiny_gpt.make_config(num_layers=1, moe_token_dispatcher_type="flex",
@@ -164,8 +167,10 @@ def task_wiring_with_fake_v2(strict: str) -> dict:
         for name in fakes:
             sys.modules.pop(name, None)
         selection.reset()
-    result["restored"] = token_dispatcher.fused_dispatch is None and not hasattr(
-        fused_a2a, "Buffer"
+    result["restored"] = (
+        token_dispatcher.fused_dispatch is None
+        and not hasattr(fused_a2a, "Buffer")
+        and fused_a2a.HAVE_DEEP_EP is False
     )
     return result
 
@@ -174,8 +179,9 @@ def task_wiring_with_fake_v2(strict: str) -> dict:
 def test_megatron_wiring_with_incompatible_deep_ep(gloo_pool2) -> None:
     for res in gloo_pool2.run(task_wiring_with_fake_v2, "0"):
         assert "error" not in res, res
-        assert len(res["status"]) == 10 and set(res["status"].values()) == {"applied"}, res
+        assert len(res["status"]) == 11 and set(res["status"].values()) == {"applied"}, res
         assert res["buffer"] == "titan_moe_ep_overlap.buffer" and res["finite"]
+        assert res["flag"] is True
         assert res["restored"]
     for res in gloo_pool2.run(task_wiring_with_fake_v2, "1"):
         assert "EventOverlap" in res.get("error", ""), res
@@ -185,7 +191,7 @@ def test_megatron_wiring_with_incompatible_deep_ep(gloo_pool2) -> None:
 def test_config_and_static_buffer_api() -> None:
     """DeepEP's Config checks and size hints; Buffer's static API and refusals name the fix."""
     from titan_moe_ep_overlap.buffer import Buffer
-    from titan_moe_ep_overlap.config import Config
+    from titan_moe_ep_overlap.deepep_config import Config
 
     with pytest.raises(AssertionError):
         Config(20, 256, 256)  # nvl send chunk must be smaller than the recv chunk
@@ -207,3 +213,113 @@ def test_config_and_static_buffer_api() -> None:
     assert Buffer.capture().event is not None and not Buffer.is_sm90_compiled()
     with pytest.raises(ValueError, match="process group"):
         Buffer(None)
+
+
+def _flex_layer(backend: str) -> object:
+    from titan_plugins.testing import tiny_gpt
+
+    cfg = tiny_gpt.make_config(num_layers=1, moe_token_dispatcher_type="flex",
+                               moe_router_dtype="fp32", moe_flex_dispatcher_backend=backend)  # fmt: skip
+    return tiny_gpt.build_model(cfg, ddp=False)[0].decoder.layers[0].mlp
+
+
+def _error(fn: object) -> str:
+    try:
+        fn()  # type: ignore[operator]
+    except Exception as err:
+        return f"{type(err).__name__}: {err}"
+    return "no error"
+
+
+def task_megatron_capability_flags() -> dict:
+    """What megatron's own flags and checks say about DeepEP / HybridEP with the plugin off, on
+    (torch backend) and off again, and what megatron's own constructors do with them."""
+    import torch.distributed as dist
+    from megatron.core.transformer.moe import fused_a2a
+
+    from titan_plugins.testing import plugin_active, tiny_gpt
+
+    tiny_gpt.init_parallel(ep=2)
+    out: dict = {"off": (fused_a2a.HAVE_DEEP_EP, fused_a2a.HAVE_HYBRIDEP)}
+    out["off_deepep"] = _error(lambda: _flex_layer("deepep"))
+    with plugin_active("moe_ep_overlap", env={"TITAN_MOE_EP_OVERLAP_BACKEND": "torch"}):
+        out["on"] = (fused_a2a.HAVE_DEEP_EP, fused_a2a.HAVE_HYBRIDEP)
+        out["on_deepep"] = type(_flex_layer("deepep").token_dispatcher._comm_manager).__name__
+        out["on_hybridep"] = _error(lambda: _flex_layer("hybridep"))
+        out["low_latency"] = _error(
+            lambda: fused_a2a.Buffer(dist.group.WORLD, 0, 0, low_latency_mode=True)
+        )
+        out["report_flag"] = plugin.titan_report()["megatron_HAVE_DEEP_EP"]
+    out["after"] = (fused_a2a.HAVE_DEEP_EP, fused_a2a.HAVE_HYBRIDEP)
+    out["after_deepep"] = _error(lambda: _flex_layer("deepep"))
+    return out
+
+
+@pytest.mark.multiprocess
+def test_megatron_sees_the_backend_and_nothing_more(gloo_pool2) -> None:
+    """HAVE_DEEP_EP is True exactly while the plugin's backend is bound; without it megatron
+    refuses the deepep backend with its own message. HybridEP and DeepEP's low-latency mode are
+    not provided: HAVE_HYBRIDEP stays False and megatron's own HybridEP message is raised."""
+    for res in gloo_pool2.run(task_megatron_capability_flags):
+        deepep_refusal = "ImportError: DeepEP is not installed"
+        assert res["off"] == res["after"] == (False, False), res
+        assert res["off_deepep"].startswith(deepep_refusal), res
+        assert res["after_deepep"].startswith(deepep_refusal), res
+        assert res["on"] == (True, False) and res["report_flag"] is True, res
+        assert res["on_deepep"] == "_DeepepManager", res
+        assert res["on_hybridep"].startswith("ImportError: HybridEP is not installed"), res
+        assert res["low_latency"].startswith("NotImplementedError: moe_ep_overlap: low-latency")
+
+
+def test_flag_follows_the_binding() -> None:
+    """The HAVE_DEEP_EP factory: megatron's True is kept (a real DeepEP was imported); False
+    turns True only when fused_a2a really holds our Buffer and entry points."""
+    from titan_moe_ep_overlap import patches
+
+    fake = types.ModuleType(patches.FUSED_A2A)
+    sys.modules[patches.FUSED_A2A], saved = fake, sys.modules.get(patches.FUSED_A2A)
+    try:
+        assert patches._have_deep_ep(True) is True
+        assert patches._have_deep_ep(False) is False  # nothing bound
+        fake.Buffer = bindings.Buffer
+        for name, entry in bindings.ENTRY_POINTS.items():
+            setattr(fake, name, entry)
+        assert patches._have_deep_ep(False) is True
+        fake.fused_combine = None  # one entry point missing: the path would fail
+        assert patches._have_deep_ep(False) is False
+    finally:
+        if saved is None:
+            sys.modules.pop(patches.FUSED_A2A, None)
+        else:
+            sys.modules[patches.FUSED_A2A] = saved
+
+
+HEAVY = ("buffer", "dispatch_ops", "comm", "layout", "rowpack", "overlap", "moe_forward",
+         "autochunk", "events", "selection", "stats")  # fmt: skip
+_PROBE = """
+import sys, json
+import megatron.core
+from megatron.core.transformer.moe import fused_a2a
+print(json.dumps({"loaded": sorted(m for m in sys.modules if m.startswith("titan_moe_ep_overlap")),
+                  "flag": fused_a2a.HAVE_DEEP_EP, "buffer": repr(fused_a2a.Buffer)}))
+"""
+
+
+def test_megatron_import_loads_no_backend_and_sees_the_flag() -> None:
+    """The real automatic channel in a fresh process: after ``import megatron.core`` (which
+    executes fused_a2a and moe_layer, so every patch is applied) megatron's flag is True and
+    none of the backend or pipeline modules was imported (issue 17: activation cost)."""
+    import json
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TITAN_")}
+    env.update(TITAN_PLUGINS_ONLY="moe_ep_overlap", PYTHONWARNINGS="ignore")
+    done = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    probe = json.loads(done.stdout.strip().splitlines()[-1])
+    assert probe["flag"] is True and "titan_moe_ep_overlap.bindings.Buffer" in probe["buffer"], (
+        probe
+    )
+    assert not [m for m in probe["loaded"] if m.rsplit(".", 1)[-1] in HEAVY], probe["loaded"]

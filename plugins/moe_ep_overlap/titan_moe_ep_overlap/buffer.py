@@ -14,7 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from titan_moe_ep_overlap import config as _config
+from titan_moe_ep_overlap import deepep_config as _config
+from titan_moe_ep_overlap import stats
 from titan_moe_ep_overlap.comm import all_gather_rows
 from titan_moe_ep_overlap.dispatch_ops import DispatchResult, combine_rows, dispatch_rows
 from titan_moe_ep_overlap.events import (
@@ -164,6 +165,7 @@ class Buffer:
         check_stream_args(previous_event, async_finish, allocate_on_comm_stream)
         wait_previous(previous_event)
         self._check_alive()
+        stats.add("api_dispatches")
         if handle is not None:
             if topk_idx is not None or topk_weights is not None:
                 raise AssertionError("cached dispatch (handle given) takes no topk_idx/weights")
@@ -214,6 +216,7 @@ class Buffer:
         check_stream_args(previous_event, async_finish, allocate_on_comm_stream)
         wait_previous(previous_event)
         self._check_alive()
+        stats.add("api_combines")
         combined_x, combined_w, works, finalize, keep = combine_rows(
             x, handle, topk_weights, bias, self.group, self.rank
         )

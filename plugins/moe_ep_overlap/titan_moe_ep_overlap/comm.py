@@ -39,8 +39,9 @@ class LinkModel:
 
 
 _link: LinkModel | None = None
-# all-to-alls started by this process and the host time spent waiting for them (benchmarks)
-traffic = {"transfers": 0, "bytes": 0, "wait_s": 0.0}
+# all-to-alls started by this process, the bytes it sent to other ranks (what crosses a link) and
+# the host time spent waiting for transfers (benchmarks)
+traffic = {"transfers": 0, "bytes": 0, "remote_bytes": 0, "wait_s": 0.0}
 
 
 def set_link_model(seconds_per_byte: float = 0.0, latency_s: float = 0.0) -> None:
@@ -104,6 +105,7 @@ def all_to_all_rows(
     moved = row_bytes * max(sum(in_counts), sum(out_counts))
     traffic["transfers"] += 1
     traffic["bytes"] += moved
+    traffic["remote_bytes"] += row_bytes * (sum(in_counts) - in_counts[dist.get_rank(group)])
     if _link is None:
         return out, _TimedWork(work)
     start = max(time.perf_counter(), _link.free_at)

@@ -35,12 +35,16 @@ def check_transport() -> Check:
 
 
 def check_chunks() -> Check:
-    """The pipeline chunk knob parses."""
-    try:
-        chunks = settings.num_chunks()
-    except Exception as err:  # SettingError under STRICT
-        return Check("moe_ep_overlap.chunks", FAIL, str(err), "set TITAN_MOE_EP_OVERLAP_CHUNKS>=1")
+    """The pipeline knobs parse; what the MoE layers will do."""
+    for knob in (settings.CHUNKS, settings.AUTO):
+        problem = knob.problem()
+        if problem:
+            return Check("moe_ep_overlap.chunks", FAIL, problem, f"set {knob.name} to "
+                         f"{knob.accepted()} (or unset it)")  # fmt: skip
+    chunks = settings.CHUNKS.read()
     state = "off (1 chunk)" if chunks == 1 else f"{chunks} chunks"
+    if chunks > 1 and settings.AUTO.read():
+        state += ", kept per layer only where it measures faster than serial"
     return Check("moe_ep_overlap.chunks", OK, f"MoE layer pipeline: {state}")
 
 

@@ -1,7 +1,8 @@
 """``MoELayer.forward`` with the chunked, overlapped expert stage for the flex/DeepEP path.
 
 Only the plain forward of a flex-dispatcher (``moe_flex_dispatcher_backend="deepep"``) layer is
-changed, and only with ``TITAN_MOE_EP_OVERLAP_CHUNKS`` > 1. Everything else - other dispatchers,
+changed, only with ``TITAN_MOE_EP_OVERLAP_CHUNKS`` > 1, and (``TITAN_MOE_EP_OVERLAP_AUTO``, on by
+default) only where the pipeline measured faster than the serial path (``autochunk``). Everything else - other dispatchers,
 CUDA-graph partial capture (``intermediate_tensors``), and megatron's combined-1F1B EP overlap
 (``overlap_moe_expert_parallel_comm``, which calls ``dispatch`` / ``routed_experts_compute`` /
 ``combine`` itself and never this forward) - runs megatron's original code.
@@ -14,23 +15,24 @@ from typing import Any
 
 import torch
 
-from titan_moe_ep_overlap import settings
+from titan_moe_ep_overlap import autochunk, settings, stats
 from titan_moe_ep_overlap.overlap import ChunkedExperts, Comm
 
 _DEFAULT_MAP = ["route", "expert_compute", "postprocess"]
 
 
 def pipeline_chunks(layer: Any, intermediate_tensors: Any) -> int | None:
-    """How many chunks to pipeline this call over, or None to run megatron's forward."""
+    """The configured chunk count for this flex/DeepEP call, or None for megatron's forward
+    (other dispatchers, CUDA-graph partial capture, a configuration megatron rejects)."""
     config = layer.config
     if intermediate_tensors is not None or list(layer.fwd_execution_map) != _DEFAULT_MAP:
         return None
     if config.moe_token_dispatcher_type != "flex" or config.moe_flex_dispatcher_backend != "deepep":
         return None
+    stats.add("layer_calls")
     if layer.training and layer.attn_tp_group.size() > 1 and not config.sequence_parallel:
         return None  # megatron's forward raises its own error for this
-    chunks = settings.num_chunks()
-    return chunks if chunks > 1 else None
+    return int(settings.CHUNKS.read())
 
 
 def chunked_experts(layer: Any, hidden: torch.Tensor, probs: torch.Tensor, chunks: int) -> Any:
@@ -39,7 +41,8 @@ def chunked_experts(layer: Any, hidden: torch.Tensor, probs: torch.Tensor, chunk
 
     manager = layer.token_dispatcher._comm_manager
     buffer = fused_a2a.get_buffer(manager.group, fused_a2a.get_hidden_bytes(hidden))
-    comm = Comm(buffer, fused_a2a.EventHandle, fused_a2a.EventOverlap, manager.num_experts)
+    comm = Comm(buffer, fused_a2a.EventHandle, fused_a2a.EventOverlap, manager.num_experts,
+                stats.start_pipelined_call())  # fmt: skip
 
     def compute(x: torch.Tensor, idx: torch.Tensor, p: torch.Tensor, counts: list[int]) -> Any:
         # the state megatron's dispatch would have left, for one chunk
@@ -67,6 +70,21 @@ def make_forward(original: Callable[..., Any]) -> Callable[..., Any]:
         chunks = pipeline_chunks(self, intermediate_tensors)
         if chunks is None:
             return original(self, hidden_states, intermediate_tensors, padding_mask)
+        chooser = autochunk.for_layer(self, chunks) if chunks > 1 and settings.AUTO.read() else None
+        if chooser is not None:
+            chunks = chooser.begin()
+        try:
+            if chunks == 1:
+                stats.add("serial_calls")
+                return original(self, hidden_states, intermediate_tensors, padding_mask)
+            return pipelined(self, hidden_states, padding_mask, chunks)
+        finally:
+            if chooser is not None:
+                chooser.end()
+
+    def pipelined(
+        self: Any, hidden_states: torch.Tensor, padding_mask: torch.Tensor | None, chunks: int
+    ) -> Any:
         if padding_mask is not None:
             padding_mask = padding_mask.transpose(0, 1).bool()
 

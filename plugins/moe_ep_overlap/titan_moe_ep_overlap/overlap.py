@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from titan_moe_ep_overlap import stats
+
 Compute = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, list[int]], torch.Tensor]
 
 
@@ -37,6 +39,7 @@ class Comm:
     event_handle: type
     event_overlap: type
     num_experts: int
+    record: dict[str, int] | None = None  # this layer call's counters (stats.start_pipelined_call)
 
     def _now(self) -> Any:
         return self.event_overlap(self.event_handle())
@@ -63,6 +66,7 @@ class Comm:
     ) -> tuple:
         """Start dispatching one chunk; returns DeepEP's 6-tuple (event last)."""
         per_rank, per_rdma, per_expert, in_rank, event, extra = layout
+        stats.add("pipeline_dispatches", call=self.record)
         return self.buffer.dispatch(
             x, topk_idx=idx, topk_weights=probs, num_tokens_per_rank=per_rank,
             num_tokens_per_rdma_rank=per_rdma, is_token_in_rank=in_rank,
@@ -72,6 +76,7 @@ class Comm:
 
     def redispatch(self, grad: torch.Tensor, handle: Any) -> tuple:
         """Start a cached dispatch of a gradient chunk along an earlier dispatch's handle."""
+        stats.add("pipeline_dispatches", call=self.record)
         return self.buffer.dispatch(
             grad, handle=handle, previous_event=self._now(), async_finish=True,
             allocate_on_comm_stream=True,
@@ -79,6 +84,7 @@ class Comm:
 
     def combine(self, y: torch.Tensor, handle: Any, weights: torch.Tensor | None = None) -> tuple:
         """Start combining one chunk; returns ``(combined_x, combined_weights, event)``."""
+        stats.add("pipeline_combines", call=self.record)
         return self.buffer.combine(
             y, handle, topk_weights=weights, previous_event=self._now(), async_finish=True,
             allocate_on_comm_stream=True,
@@ -172,6 +178,7 @@ class ChunkedExperts(torch.autograd.Function):
     ) -> torch.Tensor:
         """Run the forward schedule (see the module docstring)."""
         bounds = chunk_bounds(hidden.shape[0], chunks)
+        stats.add("chunks", len(bounds), call=getattr(comm, "record", None))
         # autograd disables grad mode inside forward: decide from what the caller needs
         build_graph = bool(ctx.needs_input_grad[0] or ctx.needs_input_grad[1])
         anchor = torch.zeros(

@@ -1,11 +1,19 @@
-"""The plugin's patch records: where megatron-core 0.16 looks the names up, and why."""
+"""The plugin's patch records: where megatron-core 0.16 looks the names up, and why.
+
+Importing this module (and applying its records while ``import megatron.core`` runs) loads none
+of the backend or the pipeline: the replacements are the stand-ins and entry points of
+``bindings``, which import the rest on first use; the backend choice (``selection``) is imported
+only when a ``deep_ep`` is installed (then its API must be checked).
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Callable
 from typing import Any
 
-from titan_moe_ep_overlap import selection
+from titan_moe_ep_overlap import bindings
 from titan_plugins.patching import MISSING, MODULE, SUPPORTED_MEGATRON, Patch, Signature
 
 FUSED_A2A = "megatron.core.transformer.moe.fused_a2a"
@@ -28,29 +36,59 @@ _REMOVE = "never while megatron-core gates its flex/DeepEP path on `import deep_
 
 
 def _backend_value(name: str) -> Callable[[Any], Any]:
-    """Factory: our object unless a compatible DeepEP was chosen (then megatron keeps its own)."""
+    """Factory: ours unless a compatible DeepEP was chosen (then megatron keeps its own)."""
 
     def factory(original: Any) -> Any:
-        if selection.uses_torch_backend() or original is MISSING or original is None:
-            return _ours(name)
-        return original
+        return original if _deep_ep_chosen(original) else _ours(name)
 
     return factory
 
 
+def _deep_ep_chosen(original: Any) -> bool:
+    """Whether megatron keeps the ``deep_ep`` object it imported for this name.
+
+    Without ``deep_ep`` installed (the common case) nothing is imported to decide. With it, the
+    backend choice checks its API: an unusable build is reported (an error under STRICT) and ours
+    is bound.
+    """
+    if not deep_ep_installed():
+        return False
+    from titan_moe_ep_overlap import selection
+
+    if selection.uses_torch_backend():
+        return False
+    ours = (*bindings.ENTRY_POINTS.values(), *bindings.STAND_INS.values())
+    return original is not MISSING and original is not None and all(original is not o for o in ours)
+
+
+def deep_ep_installed() -> bool:
+    """Whether a ``deep_ep`` package is importable (found, not imported)."""
+    if "deep_ep" in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec("deep_ep") is not None
+    except (ValueError, ImportError):
+        return False
+
+
 def _ours(name: str) -> Any:
-    from titan_moe_ep_overlap import wiring
-
-    if name in ("fused_dispatch", "fused_combine", "set_deepep_num_sms"):
-        return getattr(wiring, name)
-    api = selection.torch_backend_api()
-    return getattr(api, name)
+    return bindings.ENTRY_POINTS.get(name) or bindings.STAND_INS[name]
 
 
-def _moe_forward(original: Any) -> Any:
-    from titan_moe_ep_overlap.moe_forward import make_forward
+def backend_bound(module: Any) -> bool:
+    """Whether ``module`` (megatron's fused_a2a) is served by this plugin's backend."""
+    return getattr(module, "Buffer", None) is bindings.Buffer and all(
+        getattr(module, name, None) is entry for name, entry in bindings.ENTRY_POINTS.items()
+    )
 
-    return make_forward(original)
+
+def _have_deep_ep(original: Any) -> Any:
+    """Factory for ``HAVE_DEEP_EP``: True when a real DeepEP v1 was imported (megatron's own
+    value) or when our backend is bound in fused_a2a (the records above, applied first)."""
+    if original is True:
+        return original
+    module = sys.modules.get(FUSED_A2A)
+    return True if module is not None and backend_bound(module) else original
 
 
 def records() -> list[Patch]:
@@ -65,7 +103,7 @@ def records() -> list[Patch]:
             "globals at call time; without DeepEP v1 it is unbound, so ours is bound there",
             upstream="megatron/core/transformer/moe/fused_a2a.py:8-14", remove_when=_REMOVE,
         ))  # fmt: skip
-    for name in ("fused_dispatch", "fused_combine", "set_deepep_num_sms"):
+    for name in bindings.ENTRY_POINTS:
         for module, where in ((FUSED_A2A, "fused_a2a.py:211-262"),
                               (TOKEN_DISPATCHER, "token_dispatcher.py:20-26")):  # fmt: skip
             short = module.rsplit(".", 1)[1]
@@ -78,9 +116,26 @@ def records() -> list[Patch]:
                 " bind the torch.distributed entry point where it is looked up",
                 upstream=f"megatron/core/transformer/moe/{where}", remove_when=_REMOVE,
             ))  # fmt: skip
+    # After the records above (the engine applies a module's targets in registration order), so
+    # the flag reads whether they really bound the backend.
+    out.append(Patch(
+        id="moe_ep_overlap.fused_a2a_HAVE_DEEP_EP", target=f"{FUSED_A2A}:HAVE_DEEP_EP",
+        replace=_have_deep_ep, requires=SUPPORTED_MEGATRON, rebind_aliases=False,
+        signature=Signature(of=MODULE, contains=("HAVE_DEEP_EP = False",),
+                            attrs=("HAVE_DEEP_EP", "FusedDispatch", "get_buffer")),
+        rationale="megatron's capability flag for the flex/'deepep' path is False when "
+        "`import deep_ep` fails, though our backend serves that path; Megatron's own checks, "
+        "tests (tests/unit_tests/transformer/moe/test_token_dispatcher.py, "
+        "a2a_overlap/test_cuda_graphed_schedule_chunk_1f1b.py) and scripts gating on it must see "
+        "the backend. True only while the backend is bound; HAVE_HYBRIDEP stays megatron's",
+        upstream="megatron/core/transformer/moe/fused_a2a.py:8-14 (the only definition in "
+        "megatron-core 0.16.1; fused_dispatch / fused_combine / set_deepep_num_sms are the names "
+        "derived from it, bound above)",
+        remove_when=_REMOVE,
+    ))  # fmt: skip
     out.append(Patch(
         id="moe_ep_overlap.moe_layer_forward", target=f"{MOE_LAYER}:MoELayer.forward",
-        replace=_moe_forward, requires=SUPPORTED_MEGATRON, signature=MOE_FORWARD,
+        replace=bindings.moe_forward, requires=SUPPORTED_MEGATRON, signature=MOE_FORWARD,
         rationale="pipeline dispatch / expert compute / combine over token chunks in the flex "
         "(DeepEP) path so the all-to-alls overlap expert compute within one micro-batch",
         upstream="megatron/core/transformer/moe/moe_layer.py:357-444 (serial route->dispatch->"

@@ -17,20 +17,23 @@ from titan_plugins.settings import Setting
 def titan_register_patches(register: Callable[[Patch], None]) -> None:
     """Bind our DeepEP-API backend into megatron's fused_a2a / token_dispatcher, and the
     chunked overlapped MoE forward."""
-    from titan_moe_ep_overlap import selection
+    import sys
+
     from titan_moe_ep_overlap.patches import records
 
-    selection.reset()  # a new activation re-probes (env and installed packages may differ)
+    selection = sys.modules.get("titan_moe_ep_overlap.selection")  # not imported for this
+    if selection is not None:
+        selection.reset()  # a new activation re-probes (env and installed packages may differ)
     for patch in records():
         register(patch)
 
 
 @hookimpl
 def titan_settings() -> list[Setting]:
-    """``TITAN_MOE_EP_OVERLAP_BACKEND`` and ``TITAN_MOE_EP_OVERLAP_CHUNKS``."""
-    from titan_moe_ep_overlap.settings import declared
+    """``TITAN_MOE_EP_OVERLAP_BACKEND``, ``_CHUNKS`` and ``_AUTO`` (``settings.SETTINGS``)."""
+    from titan_moe_ep_overlap.settings import SETTINGS
 
-    return declared()
+    return list(SETTINGS)
 
 
 @hookimpl
@@ -58,14 +61,37 @@ def titan_configure(config: Any) -> None:
 
 @hookimpl
 def titan_report() -> dict[str, Any]:
-    """Backend in use, why, and the chunk count."""
-    from titan_moe_ep_overlap import selection, settings
+    """Backend in use and why, the chunk count, the DeepEP flag megatron sees, and what the
+    backend and the pipeline did in this process (``effects``)."""
+    import sys
 
+    from titan_moe_ep_overlap import effects, selection, settings
+    from titan_moe_ep_overlap.patches import FUSED_A2A
+
+    fused_a2a = sys.modules.get(FUSED_A2A)
+    megatron_flag = getattr(fused_a2a, "HAVE_DEEP_EP", None) if fused_a2a else None
     try:
         chosen = selection.select_backend()
     except Exception as err:  # STRICT turns an unusable deep_ep into an error; report it
-        return {"backend": "error", "why": str(err)}
-    return {"backend": chosen.backend, "why": chosen.detail, "chunks": settings.num_chunks()}
+        return {"backend": "error", "why": str(err), "effects": effects()}
+    return {
+        "backend": chosen.backend,
+        "why": chosen.detail,
+        "chunks": settings.CHUNKS.read(),
+        "auto": settings.AUTO.read(),
+        "megatron_HAVE_DEEP_EP": megatron_flag,  # None: megatron's fused_a2a not imported
+        "effects": effects(),
+    }
+
+
+@hookimpl
+def titan_effects() -> dict[str, Any]:
+    """This rank's counters (flat): DeepEP-API dispatches/combines served by our backend, MoE
+    layer calls pipelined or serial, chunks/dispatches/combines the pipeline issued, and the
+    automatic choice's decisions (``stats.FIELDS``)."""
+    from titan_moe_ep_overlap import stats
+
+    return stats.counts()
 
 
 @hookimpl

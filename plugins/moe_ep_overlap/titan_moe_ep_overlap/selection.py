@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-import sys
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -22,11 +21,16 @@ _FIX = "install DeepEP v1.x (tag v1.2.1), or set TITAN_MOE_EP_OVERLAP_BACKEND=to
 
 @dataclass(frozen=True)
 class Selection:
-    """The chosen backend: its name, why, and a namespace with Buffer/Config/EventHandle/..."""
+    """The chosen backend: its name, why, and (``api``) a namespace with Buffer/Config/..."""
 
     backend: str
     detail: str
-    api: Any
+    module: Any = None  # the installed deep_ep, when it was chosen
+
+    @property
+    def api(self) -> Any:
+        """The DeepEP-shaped API in use (ours is imported only when asked for)."""
+        return self.module if self.module is not None else torch_backend_api()
 
 
 _selected: Selection | None = None
@@ -35,7 +39,7 @@ _selected: Selection | None = None
 def torch_backend_api() -> SimpleNamespace:
     """Our backend as a DeepEP-shaped namespace (``api.Buffer``, ``api.utils.EventOverlap``)."""
     from titan_moe_ep_overlap.buffer import Buffer
-    from titan_moe_ep_overlap.config import Config
+    from titan_moe_ep_overlap.deepep_config import Config
     from titan_moe_ep_overlap.events import EventHandle, EventOverlap
 
     utils = SimpleNamespace(EventHandle=EventHandle, EventOverlap=EventOverlap)
@@ -47,12 +51,9 @@ def torch_backend_api() -> SimpleNamespace:
 
 def installed() -> bool:
     """Whether a ``deep_ep`` package is importable (found, not imported)."""
-    if "deep_ep" in sys.modules:
-        return True
-    try:
-        return importlib.util.find_spec("deep_ep") is not None
-    except (ValueError, ImportError):
-        return False
+    from titan_moe_ep_overlap.patches import deep_ep_installed
+
+    return deep_ep_installed()
 
 
 def api_problem() -> str | None:
@@ -89,7 +90,7 @@ def select_backend() -> Selection:
     from titan_moe_ep_overlap import settings
     from titan_plugins.settings import complain
 
-    choice = settings.backend_choice()
+    choice = settings.BACKEND.read()
     if choice == "torch":
         _selected = Selection(TORCH, "forced by TITAN_MOE_EP_OVERLAP_BACKEND=torch", None)
     elif not installed():
@@ -107,8 +108,6 @@ def select_backend() -> Selection:
             complain(f"moe_ep_overlap: the installed deep_ep is not usable by megatron-core: "
                      f"{problem}; using the torch.distributed backend. Fix: {_FIX}")  # fmt: skip
             _selected = Selection(TORCH, f"installed deep_ep unusable: {problem}", None)
-    if _selected.api is None:
-        _selected = Selection(_selected.backend, _selected.detail, torch_backend_api())
     return _selected
 
 
