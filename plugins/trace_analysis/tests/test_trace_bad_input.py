@@ -9,7 +9,8 @@ import json
 import shutil
 from pathlib import Path
 
-from titan_trace_analysis import cli, gen_traces
+import gen_traces
+from titan_trace_analysis import cli
 from titan_trace_analysis.reader import TraceReader
 
 

@@ -7,8 +7,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import gen_traces
 import pytest
-from titan_trace_analysis import gen_traces
 from titan_trace_analysis.analyze import find_traces
 from titan_trace_analysis.engine import EngineError, run_map
 

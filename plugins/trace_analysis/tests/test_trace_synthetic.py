@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import gen_traces
 import pytest
-from titan_trace_analysis import cli, gen_traces
+from titan_trace_analysis import cli
 from titan_trace_analysis.analyze import analyze
 
 SETS = {
