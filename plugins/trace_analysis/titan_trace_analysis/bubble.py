@@ -35,15 +35,18 @@ def _gaps(comp: list[Op], w0: float, w1: float) -> list[tuple[float, float, floa
 
 def bubble_us(ops: list[Op], w0: float, w1: float) -> float:
     """Pipeline bubble inside the step window [w0, w1] (see the module docstring)."""
+    return sum(b - a for a, b in bubbles(ops, w0, w1))
+
+
+def bubbles(ops: list[Op], w0: float, w1: float) -> list[tuple[float, float]]:
+    """The bubble intervals inside the step window [w0, w1]."""
     comp = sorted(o for o in ops if o.klass == COMPUTE and o.end > w0)
     recvs = sorted((o for o in ops if o.klass == COMM and o.kind == PP_RECV), key=lambda o: o.end)
     if not comp or not recvs:
-        return 0.0
-    others = sorted(
-        o.end for o in ops if o.klass == COMM and o.kind not in (PP_RECV, PP_SEND, "")
-    )
+        return []
+    others = sorted(o.end for o in ops if o.klass == COMM and o.kind not in (PP_RECV, PP_SEND, ""))
     recv_ends = [o.end for o in recvs]
-    total = 0.0
+    out = []
     for g0, g1, launch in _gaps(comp, w0, w1):
         i = bisect_right(recv_ends, g1 + EPS) - 1
         if i < 0 or recv_ends[i] <= g0:
@@ -52,10 +55,10 @@ def bubble_us(ops: list[Op], w0: float, w1: float) -> float:
         j = bisect_right(others, g1 + EPS)
         other_end = others[j - 1] if j and others[j - 1] > g0 else g0
         lo = max(g0, other_end, _finite(launch), _finite(r.posted))
-        total += max(0.0, min(r.end, g1) - lo)
-    return total
+        if min(r.end, g1) > lo:
+            out.append((lo, min(r.end, g1)))
+    return out
 
 
 def _finite(x: float) -> float:
     return x if not math.isnan(x) else -math.inf
-

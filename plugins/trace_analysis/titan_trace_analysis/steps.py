@@ -13,7 +13,7 @@ from bisect import bisect_right
 from typing import Any
 
 from . import intervals as iv
-from .bubble import bubble_us
+from .bubble import bubbles
 from .kinds import ALL_GATHER, ALL_REDUCE, COMM, COMPUTE, P2P, PP_RECV, PP_SEND, REDUCE_SCATTER
 from .ops import Op
 
@@ -71,7 +71,8 @@ def one_step(w0: float, w1: float, ops: list[Op]) -> tuple[dict[str, Any], dict[
             by_kind[o.kind] = by_kind.get(o.kind, 0.0) + (o.end - o.start)
     busy = iv.length(comp)
     overlap = iv.overlap(comm_u, comp)
-    unknown_p2p = any(o.kind == P2P for o in comm)
+    # unknown when transfers could not be told apart (SendRecv kernels without args or titles)
+    bubble = None if any(o.kind == P2P for o in comm) else bubbles(ops, w0, w1)
     stat: dict[str, Any] = {
         "win": [w0, w1],
         "window_us": w1 - w0,
@@ -83,9 +84,8 @@ def one_step(w0: float, w1: float, ops: list[Op]) -> tuple[dict[str, Any], dict[
         "overlap_us": overlap,
         "exposed_comm_us": iv.length(comm_u) - overlap,
         "memory_us": sum(o.end - o.start for o in ops if o.klass not in (COMPUTE, COMM)),
-        # time the compute stream is idle while a pipeline receive is outstanding; unknown when
-        # transfers could not be told apart (SendRecv kernels without args or titles)
-        "bubble_us": None if unknown_p2p else bubble_us(ops, w0, w1),
+        # compute stream waiting on a pipeline receive (see bubble.py)
+        "bubble_us": None if bubble is None else sum(b - a for a, b in bubble),
     }
     seq: dict[tuple, int] = {}
     tl_ops = []
@@ -98,7 +98,8 @@ def one_step(w0: float, w1: float, ops: list[Op]) -> tuple[dict[str, Any], dict[
         if o.kind in INDEXED:
             dp_coll.append([o.key, n, o.start])
     flat = [x for ab in comp for x in ab]
-    return stat, {"win": [w0, w1], "comp": flat, "ops": tl_ops}
+    bub = [x for ab in bubble or () for x in ab]
+    return stat, {"win": [w0, w1], "comp": flat, "ops": tl_ops, "bub": bub}
 
 
 def temporal(ops: list[Op]) -> dict[str, float]:
