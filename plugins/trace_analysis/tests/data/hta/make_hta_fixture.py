@@ -27,7 +27,9 @@ def main() -> None:
         try:
             df = TraceAnalysis(trace_dir=tmp).get_temporal_breakdown(visualize=False)
             rows = df.to_dict(orient="records")
-            out[f] = [{k: v if isinstance(v, str) else float(v) for k, v in r.items()} for r in rows]
+            out[f] = [
+                {k: v if isinstance(v, str) else float(v) for k, v in r.items()} for r in rows
+            ]
         except Exception as exc:  # report and go on: one broken file must not hide the rest
             out[f] = {"error": f"{type(exc).__name__}: {exc}"}
         shutil.rmtree(tmp)
