@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .version import __version__
+
 __all__ = ["__version__", "html_path", "summarize_dir"]
 
 

@@ -10,6 +10,7 @@ between them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from bisect import bisect_right
@@ -160,10 +161,16 @@ class Labeller:
         return group[i % len(group)] if len(group) > 1 else -1
 
     def inferred_key(self, kind: str) -> str:
-        """Group key of a collective known without args: its kind and the inferred group."""
+        """Group key of a collective known without args: its kind and the inferred group (the
+        same text on every member of that group)."""
         role = GROUP_ROLE.get(kind)
         members = self.ident.groups.get(role) if role else None
-        key = f"{kind}:{role or '?'}"
+        if not members:
+            return f"{kind}:?"
+        text = ",".join(map(str, members))
+        if len(text) > 200:
+            text = f"{len(members)}:{hashlib.blake2s(text.encode()).hexdigest()[:16]}"
+        key = f"{kind}:{role}:{text}"
         self.members.setdefault(key, members)
         return key
 

@@ -116,8 +116,8 @@ def _summarize(
     if reader.truncated:
         out["truncated"] = True
         out["problems"].append(
-            f"{reader.damage}: analysed up to the last complete event; the rank's last step is "
-            "dropped and the rank is marked partial"
+            f"{reader.damage}: salvaged up to the last complete event (a step cut short is "
+            "dropped); the rank is marked partial"
         )
     if not ops and out["device"] == "gpu":
         out["problems"].append("no GPU events: per-step analyses skipped")
@@ -130,10 +130,12 @@ def _summarize(
     if opts.window == "hta" and len(steps) >= 2:
         steps = steps[:-1]  # HTA 0.5.0 drops the last profiled step
     stats, timeline = per_step(steps, ops, launches)
-    if reader.truncated and stats:
-        last = max(stats, key=int)
-        stats.pop(last)
-        timeline.pop(last)
+    if reader.truncated and ops:
+        # the file was cut: a step still running at the last op read is incomplete
+        cut = max(o.start for o in ops)
+        for k in [k for k, st in stats.items() if st["win"][1] >= cut]:
+            stats.pop(k)
+            timeline.pop(k)
     out["steps"] = stats
     if out["problems"] and out["status"] == "ok":
         out["status"] = "partial"
