@@ -87,8 +87,7 @@ def slow_units(
     """Slow units, largest first, then ranks not explained by a slow unit; plus "insufficient
     peers" entries where only two units of a kind exist and they differ."""
     norm = normalised(by_rank)
-    found: list[dict[str, Any]] = []
-    seen_sets: dict[frozenset, dict[str, Any]] = {}
+    candidates: list[dict[str, Any]] = []
     for kind, members in unit_members(by_rank, ranks_per_node).items():
         vals = {u: [norm[r] for r in rs if r in norm] for u, rs in members.items()}
         vals = {u: v for u, v in vals.items() if v}
@@ -97,24 +96,33 @@ def slow_units(
             if not others:
                 continue
             base = median(others)
-            ratio, low = median(v) / base, _quantile(v, 0.25) / base
-            if low < threshold:
-                continue
-            ranks = members[u]
-            key = frozenset(ranks)
-            if key in seen_sets:  # e.g. a node that is exactly one stage
-                seen_sets[key].setdefault("same_as", []).append({"unit": kind, "id": u})
-                continue
-            entry = {
-                "unit": kind,
-                "id": u,
-                "ranks": ranks,
-                "slowdown": ratio,
-                "peers": len(others),
-                "verdict": "slow" if len(others) >= 2 else "insufficient peers",
-            }
-            seen_sets[key] = entry
-            found.append(entry)
+            if _quantile(v, 0.25) / base < threshold:
+                continue  # not most of its ranks
+            candidates.append(
+                {
+                    "unit": kind,
+                    "id": u,
+                    "ranks": members[u],
+                    "slowdown": median(v) / base,
+                    "value": median(v),
+                    "peers": len(others),
+                    "verdict": "slow" if len(others) >= 2 else "insufficient peers",
+                }
+            )
+    found: list[dict[str, Any]] = []
+    seen_sets: dict[frozenset, dict[str, Any]] = {}
+    for entry in sorted(candidates, key=lambda e: -len(e["ranks"])):  # largest units first
+        key = frozenset(entry["ranks"])
+        if key in seen_sets:  # e.g. a node that is exactly one expert group
+            seen_sets[key].setdefault("same_as", []).append(
+                {"unit": entry["unit"], "id": entry["id"]}
+            )
+            continue
+        home = [e for e in found if e["verdict"] == "slow" and key < frozenset(e["ranks"])]
+        if home and entry["value"] / min(e["value"] for e in home) < threshold:
+            continue  # an expert group inside a slow stage is slow because the stage is
+        seen_sets[key] = entry
+        found.append(entry)
     units = [e for e in found if e["verdict"] == "slow"]
     for r, value in sorted(norm.items()):
         others = [v for o, v in norm.items() if o != r]
@@ -125,7 +133,7 @@ def slow_units(
         if ratio < threshold:
             continue
         home = [e for e in units if r in e["ranks"]]
-        if home and value / min(median(norm[x] for x in e["ranks"]) for e in home) < threshold:
+        if home and value / min(e["value"] for e in home) < threshold:
             continue  # explained by its slow node / stage / group
         s = by_rank[r]
         found.append(
