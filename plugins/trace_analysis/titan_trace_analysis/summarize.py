@@ -66,10 +66,11 @@ def _read(path: str, opts: Options) -> tuple[TraceReader, OpBuilder, list[Step],
         name = ev.get("name")
         if not isinstance(name, str):
             continue
+        if cat not in ("user_annotation", "cpu_op"):
+            continue  # e.g. the GPU-side copy of a ProfilerStep (gpu_user_annotation)
         m = STEP.match(name)
         if m is None:
-            if cat in ("user_annotation", "cpu_op"):
-                b.title(ev)
+            b.title(ev)
             continue
         se = times(ev)
         if se is None:
