@@ -88,7 +88,10 @@ def slow_units(
     peers" entries where only two units of a kind exist and they differ."""
     norm = normalised(by_rank)
     candidates: list[dict[str, Any]] = []
+    same_stage = any(s.get("device") == "cpu" for s in by_rank.values())
     for kind, members in unit_members(by_rank, ranks_per_node).items():
+        if same_stage and kind == "stage":
+            continue  # stages run different layers; CPU op names cannot normalise that
         vals = {u: [norm[r] for r in rs if r in norm] for u, rs in members.items()}
         vals = {u: v for u, v in vals.items() if v}
         for u, v in vals.items():
@@ -124,8 +127,16 @@ def slow_units(
         seen_sets[key] = entry
         found.append(entry)
     units = [e for e in found if e["verdict"] == "slow"]
+    # CPU op names (aten::mm) do not tell shapes apart: only ranks running the same layers
+    # (the same stage) are comparable there; GPU kernel names are specific enough for all
+    same_stage = any(s.get("device") == "cpu" for s in by_rank.values())
     for r, value in sorted(norm.items()):
-        others = [v for o, v in norm.items() if o != r]
+        stage = stage_of(by_rank[r])
+        others = [
+            v
+            for o, v in norm.items()
+            if o != r and (not same_stage or stage_of(by_rank[o]) == stage)
+        ]
         if not others:
             continue
         base = median(others)
