@@ -22,23 +22,31 @@ from .ops import Op
 EPS = 5.0  # us: a dependent op starts a few microseconds after what it waited for
 
 
-def _gaps(comp: list[Op], w0: float, w1: float) -> list[tuple[float, float, float]]:
+Launches = dict[int, tuple[float, int]]
+
+
+def posted(op: Op, launches: Launches) -> float:
+    """When the op was issued: its launch (GPU), its own entry (CPU), or -inf if unknown."""
+    if not math.isnan(op.posted):
+        return op.posted
+    launch = launches.get(op.corr) if op.corr is not None else None
+    return launch[0] if launch is not None else -math.inf
+
+
+def _gaps(
+    comp: list[Op], w0: float, w1: float, launches: Launches
+) -> list[tuple[float, float, float]]:
     """(gap start, gap end, launch of the op ending it) of the compute stream in [w0, w1]."""
     out = []
     run_end = w0
     for op in comp:
         if op.start > run_end + 0.5 and op.start <= w1:
-            out.append((run_end, op.start, op.posted))
+            out.append((run_end, op.start, posted(op, launches)))
         run_end = max(run_end, op.end)
     return out
 
 
-def bubble_us(ops: list[Op], w0: float, w1: float) -> float:
-    """Pipeline bubble inside the step window [w0, w1] (see the module docstring)."""
-    return sum(b - a for a, b in bubbles(ops, w0, w1))
-
-
-def bubbles(ops: list[Op], w0: float, w1: float) -> list[tuple[float, float]]:
+def bubbles(ops: list[Op], w0: float, w1: float, launches: Launches) -> list[tuple[float, float]]:
     """The bubble intervals inside the step window [w0, w1]."""
     comp = sorted(o for o in ops if o.klass == COMPUTE and o.end > w0)
     recvs = sorted((o for o in ops if o.klass == COMM and o.kind == PP_RECV), key=lambda o: o.end)
@@ -47,18 +55,14 @@ def bubbles(ops: list[Op], w0: float, w1: float) -> list[tuple[float, float]]:
     others = sorted(o.end for o in ops if o.klass == COMM and o.kind not in (PP_RECV, PP_SEND, ""))
     recv_ends = [o.end for o in recvs]
     out = []
-    for g0, g1, launch in _gaps(comp, w0, w1):
+    for g0, g1, launch in _gaps(comp, w0, w1, launches):
         i = bisect_right(recv_ends, g1 + EPS) - 1
         if i < 0 or recv_ends[i] <= g0:
             continue
         r = recvs[i]
         j = bisect_right(others, g1 + EPS)
         other_end = others[j - 1] if j and others[j - 1] > g0 else g0
-        lo = max(g0, other_end, _finite(launch), _finite(r.posted))
+        lo = max(g0, other_end, launch, posted(r, launches))
         if min(r.end, g1) > lo:
             out.append((lo, min(r.end, g1)))
     return out
-
-
-def _finite(x: float) -> float:
-    return x if not math.isnan(x) else -math.inf

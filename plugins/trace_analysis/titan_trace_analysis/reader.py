@@ -1,11 +1,12 @@
 """Stream the events of one Kineto (Chrome-trace JSON) file in bounded memory.
 
 The decompressed text is cut into one piece per event at the ``}, {`` boundaries between the
-objects of ``traceEvents``.  Only the pieces the analysis needs are JSON-parsed: GPU ops,
-``ProfilerStep#N`` annotations, communication annotations (``nccl:send 0->1``, ``gloo:recv``,
-``titan.p2p:recv_forward``, ...) and, for traces without GPU events, the CPU ops.  Launch calls
-(``cudaLaunchKernel`` ...) are read by a regex for their (thread, time, correlation).  The
-CPU-side bulk of a GPU trace therefore costs one regex search per event.
+objects of ``traceEvents``; one regex per piece (run by ``filter``, in C) keeps the GPU ops,
+launch calls and user annotations.  Launch calls (``cudaLaunchKernel`` ...) are read by two
+small regexes for their (thread, time, correlation) without a JSON parse; of the annotations
+only ``ProfilerStep#N`` and communication titles (``nccl:send 0->1``, ``gloo:recv``,
+``titan.p2p:recv_forward``, ...) are parsed.  Traces without GPU events are read a second time
+for their CPU ops.  The CPU-side bulk of a GPU trace therefore costs one regex search an event.
 
 A piece that fails to parse (a ``}, {`` inside a string) is retried joined with its neighbours;
 what still fails is counted in ``bad_events``.  A file cut short is read up to its last complete
@@ -25,15 +26,16 @@ SEP = re.compile(rb"(\}\s*,\s*\{)")  # captured: a rejoin restores the exact tex
 CAT = re.compile(rb'"cat"\s*:\s*"([^"]*)"')
 GPU_CATS = (b"kernel", b"gpu_memcpy", b"gpu_memset")
 LAUNCH_CATS = (b"cuda_runtime", b"cuda_driver", b"musa_runtime", b"musa_driver")
-WANTED = re.compile(rb'"cat"\s*:\s*"(?:' + b"|".join(GPU_CATS + LAUNCH_CATS) + rb')"')
+WANTED = re.compile(
+    rb'"cat"\s*:\s*"(?:' + b"|".join((*GPU_CATS, *LAUNCH_CATS, b"user_annotation")) + rb')"'
+)
+USER_ANNOTATION = b'"user_annotation"'  # not "gpu_user_annotation", the GPU-side copy
 STEP_MARK = b"ProfilerStep#"
 COMM_MARK = re.compile(rb'"name"\s*:\s*"(?:nccl|gloo|mccl|rccl|hccl|titan\.p2p):')
 CPU_CATS = re.compile(rb'"cat"\s*:\s*"(?:cpu_op|user_annotation)"')
-# launches only matter for (correlation -> thread, CPU time): two fields, no parse
-LAUNCH = re.compile(
-    rb'(?:"tid"\s*:\s*(\d+)\s*,\s*)?"ts"\s*:\s*(-?[0-9][0-9.eE+-]*)\s*,.*?"correlation"\s*:\s*(\d+)',
-    re.S,
-)
+# launches only matter for (correlation -> thread, CPU time): three fields, no parse
+LAUNCH_AT = re.compile(rb'"tid"\s*:\s*(\d+)\s*,\s*"ts"\s*:\s*(-?[0-9][0-9.eE+-]*)')
+CORRELATION = re.compile(rb'"correlation"\s*:\s*(\d+)')
 HOLD = 4
 ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[\s*')
 ARRAY_END = re.compile(rb"\}\s*\]")
@@ -64,13 +66,18 @@ class TraceReader:
     def events(self) -> Iterator[dict[str, Any]]:
         """Yield the wanted events; launch calls go to ``launches`` (or are yielded when their
         fields are not where the fast path looks)."""
+        for batch in self.batches():
+            yield from batch
+
+    def batches(self) -> Iterator[list[dict[str, Any]]]:
+        """The wanted events, one list per chunk of the file (cheaper than one by one)."""
         src = Source(self.path, self.codec)
-        yield from self._events(iter(src))
+        yield from self._batches(iter(src))
         if src.damage or src.truncated:
             self.truncated = True
             self.damage = src.damage or "the gzip stream ends early (file cut off)"
 
-    def _events(self, chunks: Iterator[bytes]) -> Iterator[dict[str, Any]]:
+    def _batches(self, chunks: Iterator[bytes]) -> Iterator[list[dict[str, Any]]]:
         buf = b""
         m = None
         for chunk in chunks:
@@ -96,43 +103,38 @@ class TraceReader:
             parts = SEP.split(buf)  # piece, separator, piece, ..., remainder
             # hold the last HOLD pieces back: a rejoin may need them as context
             keep = min(len(parts), 2 * HOLD + 1)
-            yield from self._parse(parts, (len(parts) - keep + 1) // 2, buf)
+            yield self._parse(parts, (len(parts) - keep + 1) // 2, buf)
             buf = b"".join(parts[len(parts) - keep :])
-        yield from self._finish(buf)
+        yield self._finish(buf)
 
     def _parse(
         self, parts: list[bytes], limit: int | None = None, text: bytes = b""
-    ) -> Iterator[dict[str, Any]]:
+    ) -> list[dict[str, Any]]:
         """Events of ``parts`` (piece, separator, piece, ...) among the first ``limit`` pieces;
-        ``text`` (the joined parts) tells at C speed whether rarer pieces are present."""
+        ``text`` (the joined parts) is searched at C speed for the rarer pieces."""
         pieces, seps = parts[0::2], parts[1::2]
         n = len(pieces) if limit is None else limit
+        out: list[dict[str, Any]] = []
         if n <= 0:
-            return
+            return out
         self.n_events += n
         head = pieces[:n]
-        selected = list(filter(WANTED.search, head))
+        selected = list(filter(CPU_CATS.search if self.cpu_ops else WANTED.search, head))
         text = text or b"".join(parts)
-        extra: list[bytes] = []
-        if STEP_MARK in text:
-            extra += [p for p in head if STEP_MARK in p]
-        if self.cpu_ops:
-            extra += list(filter(CPU_CATS.search, head))
-        elif COMM_MARK.search(text):
-            extra += list(filter(COMM_MARK.search, head))
-        if extra:
+        if STEP_MARK in text:  # ProfilerStep written as a cpu_op by some versions
             ids = set(map(id, selected))
-            for p in extra:
-                if id(p) not in ids:
-                    ids.add(id(p))
-                    selected.append(p)
+            selected += [p for p in head if STEP_MARK in p and id(p) not in ids]
         consumed: set[int] = set()
         launches, loads, errors = self.launches, self.codec.loads, self.codec.json_errors
+        cpu_ops = self.cpu_ops
         for p in selected:
-            if b'_runtime"' in p or b'_driver"' in p:
-                m = LAUNCH.search(p)
-                if m is not None:
-                    launches[int(m[3])] = (float(m[2]), int(m[1]) if m[1] else -1)
+            if not cpu_ops and USER_ANNOTATION in p:
+                if STEP_MARK not in p and COMM_MARK.search(p) is None:
+                    continue  # an annotation the analysis does not use
+            elif b'_runtime"' in p or b'_driver"' in p:
+                at, corr = LAUNCH_AT.search(p), CORRELATION.search(p)
+                if at is not None and corr is not None:
+                    launches[int(corr[1])] = (float(at[2]), int(at[1]))
                     continue
             try:
                 ev = loads(b"{" + p + b"}")
@@ -147,9 +149,10 @@ class TraceReader:
                 if not self._wanted(b"".join(pieces[min(consumed) : max(consumed) + 1])):
                     continue
             if isinstance(ev, dict):
-                yield ev
+                out.append(ev)
             else:
                 self.bad_events += 1
+        return out
 
     def _wanted(self, piece: bytes) -> bool:
         m = CAT.search(piece)
@@ -182,7 +185,7 @@ class TraceReader:
                 return ev
         return None
 
-    def _finish(self, rest: bytes) -> Iterator[dict[str, Any]]:
+    def _finish(self, rest: bytes) -> list[dict[str, Any]]:
         for m in ARRAY_END.finditer(rest):
             body = rest[: m.start()]
             try:
@@ -191,9 +194,9 @@ class TraceReader:
                 )  # the held-back tail is whole events: the end
             except self.codec.json_errors:
                 continue
-            yield from self._parse(SEP.split(body))
+            events = self._parse(SEP.split(body))
             self._trailer(rest[m.end() :])
-            return
+            return events
         # the array never closes: salvage every complete event, drop the cut one
         self.truncated = True
         self.damage = "the traceEvents array never closes (file cut off)"
@@ -204,7 +207,7 @@ class TraceReader:
             complete = len(parts) // 2 + 1
         except self.codec.json_errors:
             complete = len(parts) // 2
-        yield from self._parse(parts, complete)
+        return self._parse(parts, complete)
 
     def _header(self, text: bytes) -> None:
         try:

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 
 from .fastpath import Codec
 
-RAW_BLOCK = 256 << 10
+RAW_BLOCK = 64 << 10  # compressed bytes per read: ~0.5 MB of text, cache-friendly to split
+PLAIN_BLOCK = 512 << 10
 GZIP = 31  # zlib wbits for a gzip header and trailer
 
 
@@ -30,7 +31,7 @@ class Source:
             if first[:2] != b"\x1f\x8b":
                 while first:
                     yield first
-                    first = fh.read(self.block)
+                    first = fh.read(PLAIN_BLOCK)
                 return
             yield from self._inflate(fh, first)
 

@@ -55,12 +55,14 @@ def per_step(
         end = max(o.end for o in bucket)
         if end <= start:
             continue
-        stats[str(num)], timeline[str(num)] = one_step(start, end, bucket)
+        stats[str(num)], timeline[str(num)] = one_step(start, end, bucket, launches)
         prev_num, prev_end = num, end
     return stats, timeline
 
 
-def one_step(w0: float, w1: float, ops: list[Op]) -> tuple[dict[str, Any], dict[str, Any]]:
+def one_step(
+    w0: float, w1: float, ops: list[Op], launches: dict[int, tuple[float, int]] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Figures and timeline of one step whose device window is [w0, w1]."""
     comp = iv.clip(iv.union((o.start, o.end) for o in ops if o.klass == COMPUTE), w0, w1)
     comm = [o for o in ops if o.klass == COMM]
@@ -72,7 +74,7 @@ def one_step(w0: float, w1: float, ops: list[Op]) -> tuple[dict[str, Any], dict[
     busy = iv.length(comp)
     overlap = iv.overlap(comm_u, comp)
     # unknown when transfers could not be told apart (SendRecv kernels without args or titles)
-    bubble = None if any(o.kind == P2P for o in comm) else bubbles(ops, w0, w1)
+    bubble = None if any(o.kind == P2P for o in comm) else bubbles(ops, w0, w1, launches or {})
     stat: dict[str, Any] = {
         "win": [w0, w1],
         "window_us": w1 - w0,

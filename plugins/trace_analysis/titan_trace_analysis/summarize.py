@@ -58,10 +58,11 @@ def _read(path: str, opts: Options) -> tuple[TraceReader, OpBuilder, list[Step],
     b = OpBuilder()
     steps: dict[int, Step] = {}
     threads: set[int] = set()
-    for ev in reader.events():
+    gpu_event = b.gpu_event
+    for ev in (ev for batch in reader.batches() for ev in batch):
         cat = ev.get("cat")
         if cat in GPU_CATS:
-            b.gpu_event(ev, cat)
+            gpu_event(ev, cat)
             continue
         name = ev.get("name")
         if not isinstance(name, str):
@@ -111,7 +112,8 @@ def _summarize(
         )
     gpu_ops = ops if b.gpu else []
     out["temporal"] = temporal(gpu_ops)
-    out["temporal_hta"] = temporal(hta_window(gpu_ops, steps, launches))
+    if opts.window == "hta":
+        out["temporal_hta"] = temporal(hta_window(gpu_ops, steps, launches))
     out["names"] = dict(sorted(names.items(), key=lambda kv: -kv[1][1])[:TOP_NAMES])
     out["comm_sources"] = dict(lab.sources)
     if reader.truncated:
@@ -143,7 +145,8 @@ def _summarize(
     if timeline_dir is not None and timeline and ident.rank is not None:
         tl_path = os.path.join(timeline_dir, f"tl-{index}.json")
         with open(tl_path, "wb") as fh:
-            fh.write(dumps({"rank": ident.rank, "keys": lab.members, "steps": finite(timeline)}))
+            # internal file; its times come from validated (finite) inputs
+            fh.write(dumps({"rank": ident.rank, "keys": lab.members, "steps": timeline}))
         out["timeline"] = tl_path
 
 
