@@ -10,8 +10,13 @@ Interval = tuple[float, float]
 
 def union(intervals: Iterable[Interval], gap: float = 0.0) -> list[list[float]]:
     """Merge intervals; neighbours closer than ``gap`` are joined into one."""
+    return union_sorted(sorted(intervals), gap)
+
+
+def union_sorted(intervals: Iterable[Interval], gap: float = 0.0) -> list[list[float]]:
+    """:func:`union` of intervals already sorted by start."""
     out: list[list[float]] = []
-    for a, b in sorted(intervals):
+    for a, b in intervals:
         if out and a <= out[-1][1] + gap:
             if b > out[-1][1]:
                 out[-1][1] = b

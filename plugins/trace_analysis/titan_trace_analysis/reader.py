@@ -33,9 +33,11 @@ USER_ANNOTATION = b'"user_annotation"'  # not "gpu_user_annotation", the GPU-sid
 STEP_MARK = b"ProfilerStep#"
 COMM_MARK = re.compile(rb'"name"\s*:\s*"(?:nccl|gloo|mccl|rccl|hccl|titan\.p2p):')
 CPU_CATS = re.compile(rb'"cat"\s*:\s*"(?:cpu_op|user_annotation)"')
-# launches only matter for (correlation -> thread, CPU time): three fields, no parse
-LAUNCH_AT = re.compile(rb'"tid"\s*:\s*(\d+)\s*,\s*"ts"\s*:\s*(-?[0-9][0-9.eE+-]*)')
-CORRELATION = re.compile(rb'"correlation"\s*:\s*(\d+)')
+# launches only matter for (correlation -> thread, CPU time): three fields, no parse (Kineto
+# writes "tid", "ts" and then "args" holding "correlation"; other layouts take the full parse)
+LAUNCH = re.compile(
+    rb'"tid"\s*:\s*(\d+)\s*,\s*"ts"\s*:\s*(-?[0-9][0-9.eE+-]*)[^{]*\{[^}]*"correlation"\s*:\s*(\d+)'
+)
 HOLD = 4
 ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[\s*')
 ARRAY_END = re.compile(rb"\}\s*\]")
@@ -128,14 +130,16 @@ class TraceReader:
         launches, loads, errors = self.launches, self.codec.loads, self.codec.json_errors
         cpu_ops = self.cpu_ops
         for p in selected:
-            if not cpu_ops and USER_ANNOTATION in p:
+            # Kineto writes "cat" second: look for the kind near the start first (a miss only
+            # costs a full parse, and _read sorts events by their parsed "cat")
+            if p.find(b'_runtime"', 0, 96) >= 0 or p.find(b'_driver"', 0, 96) >= 0:
+                m = LAUNCH.search(p)
+                if m is not None:
+                    launches[int(m[3])] = (float(m[2]), int(m[1]))
+                    continue
+            elif not cpu_ops and p.find(USER_ANNOTATION, 0, 96) >= 0:
                 if STEP_MARK not in p and COMM_MARK.search(p) is None:
                     continue  # an annotation the analysis does not use
-            elif b'_runtime"' in p or b'_driver"' in p:
-                at, corr = LAUNCH_AT.search(p), CORRELATION.search(p)
-                if at is not None and corr is not None:
-                    launches[int(corr[1])] = (float(at[2]), int(at[1]))
-                    continue
             try:
                 ev = loads(b"{" + p + b"}")
             except errors:
