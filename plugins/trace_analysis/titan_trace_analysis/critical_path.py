@@ -135,6 +135,10 @@ def walk(
             add(r, "host/launch", end, t)
             t = end
         r, t = _through(tls, r, t, op, add)
+    if t < stop:  # the last segment began in the previous step: this step starts at ``stop``
+        if segs and segs[-1][2] < stop:
+            segs[-1][2] = stop
+        t = stop
     length = t_end - t
     return {
         "length_us": length,
