@@ -106,6 +106,12 @@ def test_hostile_headers_are_problems_of_their_file(tmp_path: Path, capsys):
     variant("rank-path.json", rank="../../etc/passwd")
     variant("rank-beyond.json", rank=7, world_size=4)
     variant("world-bool.json", rank=1, world_size=True)
+    t = json.loads(json.dumps(good))  # another job's trace: a different pipeline size
+    t["distributedInfo"].update(rank=2)
+    for pg in t["distributedInfo"]["pg_config"]:
+        if pg["pg_desc"] == "pp_group":
+            pg["ranks"] = [0, 1, 2, 3]
+    (d / "other-job.json").write_text(json.dumps(t))
     t = json.loads(json.dumps(good))  # 5000 nested lists in the header
     t["distributedInfo"]["rank"] = 1
     text = json.dumps(t).replace('"record_shapes"', '"deep": ' + "[" * 5000 + "]" * 5000 + ', "x"')
@@ -137,8 +143,8 @@ def test_hostile_headers_are_problems_of_their_file(tmp_path: Path, capsys):
     assert "unreadable trace" in " ".join(by_file["deep.json"])
     assert "events skipped" in " ".join(by_file["weird-3.json"])
     # world-bool.json's rank (1) is valid, its size is not; weird-3.json is analysed
-    assert set(report["ranks"]) == {"0", "1", "3"}
-    assert "missing ranks 2 of world size 4" in " ".join(by_file["(directory)"])
+    assert set(report["ranks"]) == {"0", "1", "2", "3"}
+    assert "files disagree on pp_size" in " ".join(by_file["(directory)"])
     assert report["world_size"] == 4  # the huge / bogus sizes did not win
     printed = capsys.readouterr().out
     assert "\x1b" not in printed and "esc\\x1b[31mred.json" in printed

@@ -44,6 +44,18 @@ def check_ranks(summaries: list[dict[str, Any]]) -> tuple[dict[int, dict], list[
                 f"{_short(odd)} say otherwise (traces of different jobs mixed?)",
             }
         )
+    for key in ("pp_size", "ep_size", "dp_size", "tp_size"):
+        sizes = Counter(s["coords"][key] for s in by_rank.values() if key in s["coords"])
+        if len(sizes) > 1:
+            common = sizes.most_common(1)[0][0]
+            odd = sorted(r for r, s in by_rank.items() if s["coords"].get(key, common) != common)
+            problems.append(
+                {
+                    "file": "(directory)",
+                    "problem": f"files disagree on {key} ({dict(sizes)}): ranks {_short(odd)} "
+                    f"differ from the {common} most files say (traces of different jobs mixed?)",
+                }
+            )
     if world:
         beyond = sorted(r for r in by_rank if r >= world)
         for r in beyond:

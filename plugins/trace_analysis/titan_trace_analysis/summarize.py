@@ -14,9 +14,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .cpu_trace import cpu_ops
 from .fastpath import dumps
 from .header import Identity, identity
-from .ops import GPU_CATS, Labeller, OpBuilder, cpu_ops, label_gpu, times
+from .ops import GPU_CATS, Labeller, OpBuilder, label_gpu, times
 from .reader import TraceError, TraceReader
 from .safe import finite, safe_text
 from .steps import Step, hta_window, per_step, temporal
