@@ -83,7 +83,7 @@ def measure(cmd: list[str], env: dict | None = None) -> dict:
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     cpu: dict[int, float] = {}
-    peak = 0
+    peak = main_peak = 0
     while proc.poll() is None:
         total = 0
         for pid in _tree(proc.pid):
@@ -91,12 +91,20 @@ def measure(cmd: list[str], env: dict | None = None) -> dict:
             if st:
                 cpu[pid] = st[0]
                 total += st[1]
+                if pid == proc.pid:
+                    main_peak = max(main_peak, st[1])
         peak = max(peak, total)
         time.sleep(0.05)
     out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
     if proc.returncode not in (0, 3):
         raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}):\n{out[-3000:]}")
-    return {"wall_s": time.monotonic() - t0, "cpu_s": sum(cpu.values()), "peak_rss": peak}
+    return {
+        "wall_s": time.monotonic() - t0,
+        "cpu_s": sum(cpu.values()),
+        "main_cpu_s": cpu.get(proc.pid, 0.0),
+        "peak_rss": peak,
+        "main_peak_rss": main_peak,
+    }
 
 
 def generate(workdir: Path, ranks: int, events: int) -> dict:
@@ -127,11 +135,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="runs of ours (median); HTA runs once")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--workdir", default="/tmp/titan-trace-bench")
-    ap.add_argument("--hta-python", default=None, help="python of a venv with HTA 0.5.0")
+    ap.add_argument(
+        "--hta-python", default=None, help="python of a venv with HTA 0.5.0 (none: skip)"
+    )
     ap.add_argument("--skip-pure", action="store_true", help="skip the --pure-python rows")
     loadguard.add_arguments(ap)
     a = ap.parse_args()
     hta_py = a.hta_python or ("/tmp/hta-venv/bin/python" if Path("/tmp/hta-venv").exists() else "")
+    hta_py = "" if hta_py == "none" else hta_py
     workdir = Path(a.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     print(loadguard.describe(a))
@@ -148,7 +159,11 @@ def main() -> None:
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             cpus = ", ".join(f"{r['cpu_s']:.1f}" for r in runs)
             rows.append((ranks, name, n, med, f"median of {a.rounds} (CPU s {cpus})"))
-            print(f"  {name}: CPU {med['cpu_s']:.1f} s, peak {med['peak_rss'] / 2**20:.0f} MB")
+            print(
+                f"  {name}: CPU {med['cpu_s']:.1f} s (parent {med['main_cpu_s']:.1f}), peak "
+                f"{med['peak_rss'] / 2**20:.0f} MB (parent {med['main_peak_rss'] / 2**20:.0f})",
+                flush=True,
+            )
         if hta_py:
             script = workdir / "hta_run.py"
             script.write_text(HTA_SCRIPT)

@@ -150,6 +150,28 @@ def legend(kinds: list[str]) -> str:
     return f'<p class="legend">{items}</p>'
 
 
+def coalesce(
+    segs: list[tuple[str, float, float]], resolution: float
+) -> list[tuple[str, float, float]]:
+    """Segments of each kind merged where they are closer than ``resolution`` (one pixel):
+    what a screen can show, in a bounded number of shapes whatever the trace's size."""
+    by_kind: dict[str, list[tuple[float, float]]] = {}
+    for kind, a, b in segs:
+        by_kind.setdefault(kind, []).append((a, b))
+    out = []
+    for kind, spans in by_kind.items():
+        spans.sort()
+        cur_a, cur_b = spans[0]
+        for a, b in spans[1:]:
+            if a - cur_b < resolution:
+                cur_b = max(cur_b, b)
+            else:
+                out.append((kind, cur_a, cur_b))
+                cur_a, cur_b = a, b
+        out.append((kind, cur_a, cur_b))
+    return out
+
+
 def lanes(
     rows: list[tuple[str, list[tuple[str, float, float]]]],
     t0: float,
@@ -168,7 +190,7 @@ def lanes(
     for i, (label, segs) in enumerate(rows):
         y = i * lh
         out.append(f'<text x="0" y="{y + 11}" font-size="10">{esc(label)}</text>')
-        for kind, a, b in segs:
+        for kind, a, b in coalesce(segs, 1.0 / sx) if segs else ():
             if b <= t0 or a >= t1:
                 continue
             x = left + (max(a, t0) - t0) * sx

@@ -22,12 +22,15 @@ MAX_PEERS = 64
 MAX_REFERENCE = 16  # ranks outside X's groups loaded to learn the typical last-member wait
 
 
-def _load(path: str) -> dict[str, Any] | None:
+def _load(path: str, steps: list[str]) -> dict[str, Any] | None:
+    """The group keys and, for ``steps`` only, the communication ops of one timeline."""
     try:
         with open(path, "rb") as fh:
-            return loads(fh.read())
+            tl = loads(fh.read())
     except (OSError, ValueError):
         return None
+    kept = {k: {"ops": tl["steps"][k]["ops"]} for k in steps if k in tl.get("steps", {})}
+    return {"keys": tl.get("keys", {}), "steps": kept}
 
 
 def infer(
@@ -41,7 +44,7 @@ def infer(
             continue
         peers = [r for r in with_tl if r != x and _shares_group(by_rank[r], x)][:MAX_PEERS]
         others = [r for r in with_tl if r != x and r not in peers][:MAX_REFERENCE]
-        timelines = {p: tl for p in peers + others if (tl := _load(by_rank[p]["timeline"]))}
+        timelines = {p: tl for p in peers + others if (tl := _load(by_rank[p]["timeline"], steps))}
         keys: dict[str, list[int] | None] = {}
         for tl in timelines.values():
             for k, v in tl.get("keys", {}).items():

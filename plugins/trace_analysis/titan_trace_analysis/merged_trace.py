@@ -10,9 +10,10 @@ The analysis warnings travel in ``otherData``.
 from __future__ import annotations
 
 import json
+from itertools import chain
 from typing import Any
 
-from .fastpath import loads
+from .fastpath import dumps, loads
 from .kinds import COMM_KINDS
 from .safe import finite
 
@@ -40,66 +41,88 @@ def _lanes(ops: list[list], base: int) -> list[tuple[int, list]]:
     return out
 
 
-def build(report: dict[str, Any], max_ranks: int = 64) -> dict[str, Any]:
-    """The merged trace as a dict (``write`` dumps it)."""
-    cp = report["critical_path"]
-    step = cp.get("detail_step")
-    timelines = report.get("_timelines", {})
-    events: list[dict[str, Any]] = []
-    other = {"generator": "titan-trace", "step": step, "warnings": report.get("warnings", [])}
-    if step is None:
-        return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
-    t0 = cp["steps"][step]["start_us"]
-    stage = {int(r): v for r, v in report.get("stage_of", {}).items()}
+def _rank_events(r: int, path: str | None, step: str, t0: float, stage: dict) -> list[dict]:
+    """Metadata, compute, bubble and communication slices of one rank in ``step``."""
+    meta = {"ph": "M", "pid": r, "tid": 0}
+    events: list[dict[str, Any]] = [
+        {**meta, "name": "process_name", "args": {"name": f"rank {r}, stage {stage.get(r, '?')}"}},
+        {**meta, "name": "process_sort_index", "args": {"sort_index": r}},
+    ]
+    threads = [
+        (TID_COMPUTE, "compute"),
+        (TID_BUBBLE, "pipeline bubble"),
+        (TID_PATH, "critical path"),
+    ]
+    for tid, name in threads + [(t, k) for k, t in TID_COMM.items()]:
+        events.append(
+            {"ph": "M", "pid": r, "tid": tid, "name": "thread_name", "args": {"name": name}}
+        )
+    if not path:
+        return events
+    with open(path, "rb") as fh:
+        tl = loads(fh.read())["steps"].get(step)
+    if not tl:
+        return events
 
-    def x(pid: int, tid: int, name: str, a: float, b: float, args: dict | None = None) -> None:
-        ev = {"ph": "X", "pid": pid, "tid": tid, "name": name, "ts": a - t0, "dur": b - a}
+    def x(tid: int, name: str, a: float, b: float, args: dict | None = None) -> None:
+        ev = {"ph": "X", "pid": r, "tid": tid, "name": name, "ts": a - t0, "dur": b - a}
         if args:
             ev["args"] = args
         events.append(ev)
 
-    for r in _ranks(report, max_ranks):
-        meta = {"ph": "M", "pid": r, "tid": 0}
-        label = f"rank {r}, stage {stage.get(r, '?')}"
-        events.append({**meta, "name": "process_name", "args": {"name": label}})
-        events.append({**meta, "name": "process_sort_index", "args": {"sort_index": r}})
-        for tid, name in [(TID_COMPUTE, "compute"), (TID_BUBBLE, "pipeline bubble"),
-                          (TID_PATH, "critical path")] + [(t, k) for k, t in TID_COMM.items()]:  # fmt: skip
-            events.append({"ph": "M", "pid": r, "tid": tid, "name": "thread_name",
-                           "args": {"name": name}})  # fmt: skip
-        path = timelines.get(r) or timelines.get(str(r))
-        if not path:
-            continue
-        with open(path, "rb") as fh:
-            tl = loads(fh.read())["steps"].get(step)
-        if not tl:
-            continue
-        comp, bub = tl["comp"], tl.get("bub", [])
-        for i in range(0, len(comp), 2):
-            x(r, TID_COMPUTE, "compute", comp[i], comp[i + 1])
-        for i in range(0, len(bub), 2):
-            x(r, TID_BUBBLE, "bubble", bub[i], bub[i + 1])
-        by_kind: dict[str, list] = {}
-        for op in tl["ops"]:
-            by_kind.setdefault(op[0], []).append(op)
-        for kind, ops in by_kind.items():
-            for tid, (k, a, b, key, peer, seq) in _lanes(ops, TID_COMM.get(kind, 80)):
-                x(r, tid, k, a, b, {"peer": peer, "group": key, "seq": seq})
-    shown = set(_ranks(report, max_ranks))
-    segs = [s for s in cp["segments"] if s[0] in shown]
+    comp, bub = tl["comp"], tl.get("bub", [])
+    for i in range(0, len(comp), 2):
+        x(TID_COMPUTE, "compute", comp[i], comp[i + 1])
+    for i in range(0, len(bub), 2):
+        x(TID_BUBBLE, "bubble", bub[i], bub[i + 1])
+    by_kind: dict[str, list] = {}
+    for op in tl["ops"]:
+        by_kind.setdefault(op[0], []).append(op)
+    for kind, ops in by_kind.items():
+        for tid, (k, a, b, key, peer, seq) in _lanes(ops, TID_COMM.get(kind, 80)):
+            x(tid, k, a, b, {"peer": peer, "group": key, "seq": seq})
+    return events
+
+
+def _path_events(report: dict[str, Any], shown: set[int], t0: float) -> list[dict]:
+    """The critical path: one slice per segment, a flow from each segment to the next."""
+    segs = [s for s in report["critical_path"]["segments"] if s[0] in shown]
+    events: list[dict[str, Any]] = []
     for i, (r, kind, a, b) in enumerate(segs):
-        x(r, TID_PATH, kind, a, b, {"critical path segment": i})
+        events.append({"ph": "X", "pid": r, "tid": TID_PATH, "name": kind, "ts": a - t0,
+                       "dur": b - a, "args": {"critical path segment": i}})  # fmt: skip
         if i + 1 < len(segs):
             r2, _k2, a2, b2 = segs[i + 1]
-            mid1, mid2 = a + (b - a) / 2, a2 + (b2 - a2) / 2
             flow = {"cat": "critical_path", "name": "critical path", "id": i}
-            events.append({**flow, "ph": "s", "pid": r, "tid": TID_PATH, "ts": mid1 - t0})
+            events.append(
+                {**flow, "ph": "s", "pid": r, "tid": TID_PATH, "ts": a + (b - a) / 2 - t0}
+            )
             events.append({**flow, "ph": "f", "bp": "e", "pid": r2, "tid": TID_PATH,
-                           "ts": mid2 - t0})  # fmt: skip
-    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
+                           "ts": a2 + (b2 - a2) / 2 - t0})  # fmt: skip
+    return events
 
 
 def write(report: dict[str, Any], path: str, max_ranks: int = 64) -> None:
-    """Write the merged trace of ``report`` to ``path``."""
-    with open(path, "w") as fh:
-        json.dump(finite(build(report, max_ranks)), fh, allow_nan=False, separators=(",", ":"))
+    """Write the merged trace of ``report`` to ``path``, one rank at a time (memory: one rank)."""
+    cp = report["critical_path"]
+    step = cp.get("detail_step")
+    other = {"generator": "titan-trace", "step": step, "warnings": report.get("warnings", [])}
+    timelines = report.get("_timelines", {})
+    stage = {int(r): v for r, v in report.get("stage_of", {}).items()}
+    with open(path, "wb") as fh:
+        fh.write(b'{"displayTimeUnit": "ms", "otherData": ')
+        fh.write(json.dumps(finite(other), allow_nan=False).encode())
+        fh.write(b', "traceEvents": [')
+        sep = b""
+        if step is not None:
+            t0 = cp["steps"][step]["start_us"]
+            ranks = _ranks(report, max_ranks)
+            groups = (
+                _rank_events(r, timelines.get(r) or timelines.get(str(r)), step, t0, stage)
+                for r in ranks
+            )
+            for events in chain(groups, [_path_events(report, set(ranks), t0)]):
+                if events:  # one rank's events at a time
+                    fh.write(sep + dumps(events)[1:-1])  # times are finite by construction
+                    sep = b","
+        fh.write(b"]}")
