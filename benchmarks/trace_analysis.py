@@ -1,20 +1,29 @@
-"""Trace analysis (plugin ``trace_analysis``): our analyzer vs Meta's HTA 0.5.0 on the same
-generated traces (default 32 ranks x ~200k events, PP x EP x DP MoE, our generator).
+"""Trace analysis (plugin ``trace_analysis``): CPU per event and peak memory of ``titan-trace``
+at 16 and 64 ranks x ~200k events, against Meta's HTA 0.5.0 on the same generated traces.
 
 Each tool runs in its own process tree, sampled every 50 ms through /proc: CPU seconds are
 user+sys summed over every process of the tree (pool workers included), peak memory is the
 largest sum of RSS over the tree at one moment.  Ours: ``titan-trace analyze`` (every analysis,
-JSON + HTML) on a local pool of ``--workers`` processes.  HTA: ``TraceAnalysis(trace_dir)`` +
-temporal breakdown + comm/comp overlap + idle-time breakdown on all ranks (its nearest
-equivalents; it has no bubble or cross-rank critical-path analysis), installed by this script
-into its own venv (``holistictraceanalysis==0.5.0 "pandas<3"``; pandas 3 breaks its critical
-path).  Goals: >= 10x less CPU per event, >= 10x less peak memory.
+JSON + HTML + merged trace) on a local pool of ``--workers`` processes, with the default install
+(orjson + ISA-L) and with ``--pure-python`` (the standard-library fallback).  HTA:
+``TraceAnalysis(trace_dir)`` + temporal breakdown + comm/comp overlap + idle-time breakdown on
+all ranks (its nearest equivalents; it has no bubble or cross-rank critical-path analysis).
 
-Then a projection for 10,000 ranks x 200k events on a 64-core machine with 64 GB, from the
-measured per-event and per-rank costs (model in ``project()``).
+HTA is not a dependency.  To include it, make a throwaway venv once and pass its python::
 
-Usage: python benchmarks/trace_analysis.py [--ranks 32] [--events 200000] [--rounds 3]
-           [--workdir /tmp/titan-trace-bench] [--skip-hta] [--workers N]
+    python3.11 -m venv /tmp/hta-venv
+    /tmp/hta-venv/bin/pip install holistictraceanalysis==0.5.0 "pandas<3"
+    python benchmarks/trace_analysis.py --hta-python /tmp/hta-venv/bin/python
+
+(pandas 3 breaks HTA 0.5.0's critical path.)  Without ``--hta-python`` (and no
+/tmp/hta-venv), the HTA rows are skipped and the rest runs.
+
+Goals: <= 2 CPU-us per event with the default install; peak memory flat in ranks (64 ranks
+within 1.25x of 16 ranks).  Traces come from plugins/trace_analysis/tools/gen_traces (reused
+when already generated in --workdir).
+
+Usage: python benchmarks/trace_analysis.py [--ranks 16,64] [--events 200000] [--rounds 3]
+           [--workers N] [--workdir /tmp/titan-trace-bench] [--hta-python PY] [--force]
 """
 
 from __future__ import annotations
@@ -28,17 +37,17 @@ import sys
 import time
 from pathlib import Path
 
+import loadguard
+
 HERE = Path(__file__).resolve().parent
+TOOLS = HERE.parent / "plugins" / "trace_analysis" / "tools"
 HTA_SCRIPT = """
 import sys, time
 from hta.trace_analysis import TraceAnalysis
-t0 = time.time()
 a = TraceAnalysis(trace_dir=sys.argv[1])
-t1 = time.time()
 a.get_temporal_breakdown(visualize=False)
 a.get_comm_comp_overlap(visualize=False)
 a.get_idle_time_breakdown(ranks=sorted(a.t.traces), visualize=False)
-print({"load_s": t1 - t0, "analyses_s": time.time() - t1})
 """
 CLK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -70,7 +79,7 @@ def _stat(pid: int) -> tuple[float, int] | None:
 
 
 def measure(cmd: list[str], env: dict | None = None) -> dict:
-    """Run ``cmd``; return wall, tree CPU seconds, peak tree RSS and the main process's peak."""
+    """Run ``cmd``; return wall, tree CPU seconds and the peak tree RSS."""
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     cpu: dict[int, float] = {}
@@ -86,7 +95,7 @@ def measure(cmd: list[str], env: dict | None = None) -> dict:
                     main_peak = max(main_peak, st[1])
         peak = max(peak, total)
         time.sleep(0.05)
-    out = proc.stdout.read().decode(errors="replace")
+    out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
     if proc.returncode not in (0, 3):
         raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}):\n{out[-3000:]}")
     return {
@@ -95,7 +104,6 @@ def measure(cmd: list[str], env: dict | None = None) -> dict:
         "main_cpu_s": cpu.get(proc.pid, 0.0),
         "peak_rss": peak,
         "main_peak_rss": main_peak,
-        "output": out[-2000:],
     }
 
 
@@ -104,128 +112,84 @@ def generate(workdir: Path, ranks: int, events: int) -> dict:
     traces = workdir / f"r{ranks}_e{events}"
     info_path = Path(str(traces) + ".geninfo.json")
     if not info_path.exists():
-        cmd = [sys.executable, "-m", "titan_trace_analysis.gen_traces", "--out", str(traces)]
-        subprocess.run([*cmd, "--ranks", str(ranks), "--events", str(events)], check=True)
+        env = {**os.environ, "PYTHONPATH": str(TOOLS)}
+        cmd = [sys.executable, "-m", "gen_traces", "--out", str(traces), "--ranks", str(ranks)]
+        subprocess.run([*cmd, "--events", str(events)], check=True, env=env)
     info = json.loads(info_path.read_text())
     info["dir"] = str(traces)
     return info
 
 
-def hta_python(workdir: Path) -> str:
-    """Python of a venv with HTA 0.5.0 and pandas < 3 (created on first use)."""
-    venv = workdir / "hta-venv"
-    py = venv / "bin" / "python"
-    if not py.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        pip = [str(py), "-m", "pip", "install", "-q"]
-        subprocess.run([*pip, "holistictraceanalysis==0.5.0", "pandas<3"], check=True)
-    return str(py)
-
-
-def project(ours: dict, half: dict, hta: dict | None, events: int, ranks: int) -> list[tuple]:
-    """10,000 ranks x 200k events on 64 cores / 64 GB from measured costs.
-
-    Ours: the map's CPU (workers) scales with ranks x events and spreads over 64 workers; the
-    parent's serial CPU and memory grow with ranks at the slope measured between a run on half
-    the ranks (``half``) and on all of them; memory = 64 workers at their measured peak (scaled
-    with events per rank) + the parent.  HTA: the model of research/hta.md section 7 with the
-    costs measured here: worker CPU / 64 + the parent's serial CPU scaled with ranks x events;
-    memory = the parent (which holds every rank) scaled with ranks x events.
-    """
-    n, cores = 10_000, 64
-    scale_e = 200_000 / events
-    rows = []
-    worker_cpu = (ours["cpu_s"] - ours["main_cpu_s"]) / ranks * scale_e
-    slope_cpu = max(0.0, (ours["main_cpu_s"] - half["main_cpu_s"]) / (ranks - ranks // 2))
-    slope_mem = max(0.0, (ours["main_peak_rss"] - half["main_peak_rss"]) / (ranks - ranks // 2))
-    serial = ours["main_cpu_s"] + slope_cpu * (n - ranks)
-    worker_mem = (ours["peak_rss"] - ours["main_peak_rss"]) / ours["workers"] * scale_e
-    mem = cores * worker_mem + ours["main_peak_rss"] + slope_mem * (n - ranks)
-    rows.append(
-        ("titan-trace", (n * worker_cpu / cores + serial) / 60, mem / 2**30, worker_cpu, slope_cpu)
-    )
-    if hta:
-        worker_cpu = (hta["cpu_s"] - hta["main_cpu_s"]) / ranks * scale_e
-        main_cpu = hta["main_cpu_s"] / ranks * scale_e
-        mem = hta["main_peak_rss"] * n / ranks * scale_e
-        rows.append(
-            (
-                "HTA 0.5.0",
-                (n * worker_cpu / cores + n * main_cpu) / 60,
-                mem / 2**30,
-                worker_cpu,
-                main_cpu,
-            )
-        )
-    return rows
+def ours(trace_dir: str, workdir: Path, workers: int, pure: bool) -> dict:
+    """One titan-trace run (every analysis and output)."""
+    cmd = [sys.executable, "-m", "titan_trace_analysis.cli", "analyze", trace_dir]
+    cmd += ["--out", str(workdir / "ours"), "--workers", str(workers), "--no-progress"]
+    return measure(cmd + (["--pure-python"] if pure else []))
 
 
 def main() -> None:
-    """Run both tools, print the ratios and the projection."""
+    """Measure, print the table, the ratios and the verdicts."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ranks", type=int, default=32)
-    ap.add_argument("--events", type=int, default=200_000)
+    ap.add_argument("--ranks", default="16,64", help="comma list of rank counts")
+    ap.add_argument("--events", type=int, default=200_000, help="events per rank")
     ap.add_argument("--rounds", type=int, default=3, help="runs of ours (median); HTA runs once")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--workdir", default="/tmp/titan-trace-bench")
-    ap.add_argument("--skip-hta", action="store_true")
+    ap.add_argument(
+        "--hta-python", default=None, help="python of a venv with HTA 0.5.0 (none: skip)"
+    )
+    ap.add_argument("--skip-pure", action="store_true", help="skip the --pure-python rows")
+    loadguard.add_arguments(ap)
     a = ap.parse_args()
+    hta_py = a.hta_python or ("/tmp/hta-venv/bin/python" if Path("/tmp/hta-venv").exists() else "")
+    hta_py = "" if hta_py == "none" else hta_py
     workdir = Path(a.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    info = generate(workdir, a.ranks, a.events)
-    n_events = info["events_total"]
-    print(f"traces: {a.ranks} ranks x ~{n_events // a.ranks:,} events = {n_events:,} events")
-    py = None if a.skip_hta else hta_python(workdir)  # install first: a slow install skews nothing
-
-    def ours_on(trace_dir: str) -> dict:
-        cmd = [sys.executable, "-m", "titan_trace_analysis.cli", "analyze", trace_dir]
-        cmd += ["--out", str(workdir / "ours"), "--workers", str(a.workers), "--no-progress"]
-        return measure(cmd)
-
-    runs = [ours_on(info["dir"]) for _ in range(a.rounds)]
-    ours = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k != "output"}
-    ours["workers"] = a.workers
-    half_dir = workdir / f"half_{a.ranks}_{a.events}"  # first half of the ranks, for the slopes
-    half_dir.mkdir(exist_ok=True)
-    for r in range(a.ranks // 2):
-        link = half_dir / f"rank-{r}.json.gz"
-        if not link.exists():
-            link.symlink_to(Path(info["dir"]) / f"rank-{r}.json.gz")
-    half = ours_on(str(half_dir))
-    print(
-        f"ours: wall {ours['wall_s']:.1f} s, CPU {ours['cpu_s']:.1f} s (parent "
-        f"{ours['main_cpu_s']:.1f}), peak {ours['peak_rss'] / 2**20:.0f} MB (parent "
-        f"{ours['main_peak_rss'] / 2**20:.0f}); runs' CPU s: "
-        + ", ".join(f"{r['cpu_s']:.1f}" for r in runs),
-        flush=True,
-    )
-    hta = None
-    if py:
-        script = workdir / "hta_run.py"
-        script.write_text(HTA_SCRIPT)
-        hta = measure([py, str(script), info["dir"]])
-        print(f"HTA: CPU {hta['cpu_s']:.1f} s (parent {hta['main_cpu_s']:.1f})", flush=True)
-        hta["workers"] = min(os.cpu_count() or 1, a.ranks)
-        print("HTA:", hta["output"].strip().splitlines()[-1])
-
-    print(f"\n{'':14}{'wall s':>9}{'CPU s':>9}{'CPU us/event':>14}{'peak RSS MB':>13}")
-    for name, m in (("titan-trace", ours), ("HTA 0.5.0", hta)):
-        if m:
+    print(loadguard.describe(a))
+    if not hta_py:
+        print("HTA rows skipped: no --hta-python (see this script's docstring to install it)")
+    rows = []
+    for ranks in (int(x) for x in a.ranks.split(",")):
+        info = generate(workdir, ranks, a.events)
+        n = info["events_total"]
+        print(f"\n{ranks} ranks x ~{n // ranks:,} events = {n:,} events", flush=True)
+        variants = [("titan-trace", False)] + ([] if a.skip_pure else [("  --pure-python", True)])
+        for name, pure in variants:
+            runs = [ours(info["dir"], workdir, a.workers, pure) for _ in range(a.rounds)]
+            med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            cpus = ", ".join(f"{r['cpu_s']:.1f}" for r in runs)
+            rows.append((ranks, name, n, med, f"median of {a.rounds} (CPU s {cpus})"))
             print(
-                f"{name:14}{m['wall_s']:9.1f}{m['cpu_s']:9.1f}{1e6 * m['cpu_s'] / n_events:14.2f}"
-                f"{m['peak_rss'] / 2**20:13.0f}"
+                f"  {name}: CPU {med['cpu_s']:.1f} s (parent {med['main_cpu_s']:.1f}), peak "
+                f"{med['peak_rss'] / 2**20:.0f} MB (parent {med['main_peak_rss'] / 2**20:.0f})",
+                flush=True,
             )
-    print(f"(ours: median of {a.rounds} runs; HTA: 1 run)")
-    if hta:
+        if hta_py:
+            script = workdir / "hta_run.py"
+            script.write_text(HTA_SCRIPT)
+            m = measure([hta_py, str(script), info["dir"]])
+            rows.append((ranks, "HTA 0.5.0", n, m, "1 run"))
+            print(f"  HTA 0.5.0: CPU {m['cpu_s']:.1f} s, peak {m['peak_rss'] / 2**20:.0f} MB")
+    print(f"\n{'ranks':>5} {'tool':<16}{'wall s':>8}{'CPU s':>8}{'CPU us/event':>14}{'peak MB':>9}")
+    for ranks, name, n, m, note in rows:
         print(
-            f"ratios HTA/ours: CPU per event {hta['cpu_s'] / ours['cpu_s']:.1f}x (goal >= 10x), "
-            f"peak memory {hta['peak_rss'] / ours['peak_rss']:.1f}x (goal >= 10x)"
+            f"{ranks:>5} {name:<16}{m['wall_s']:8.1f}{m['cpu_s']:8.1f}"
+            f"{1e6 * m['cpu_s'] / n:14.2f}{m['peak_rss'] / 2**20:9.0f}  {note}"
         )
-    print("\nprojection: 10,000 ranks x 200k events, 64 cores")
-    print(f"{'':14}{'wall min':>10}{'memory GB':>11}{'worker CPU s/rank':>19}{'serial s/rank':>15}")
-    for name, wall, mem, wcpu, mcpu in project(ours, half, hta, n_events // a.ranks, a.ranks):
-        print(f"{name:14}{wall:10.1f}{mem:11.1f}{wcpu:19.2f}{mcpu:15.4f}")
-    print("goal: < 30 min within 64 GB")
+    print(loadguard.describe(a))
+    default = [(r, n, m) for r, name, n, m, _ in rows if name == "titan-trace"]
+    worst = max(1e6 * m["cpu_s"] / n for _, n, m in default)
+    print(f"goal <= 2 CPU-us/event (default install): worst {worst:.2f}: "
+          f"{loadguard.verdict(worst <= 2.0, a)}")  # fmt: skip
+    if len(default) > 1:
+        growth = default[-1][2]["peak_rss"] / default[0][2]["peak_rss"]
+        print(f"goal: peak memory flat in ranks ({default[0][0]} -> {default[-1][0]} ranks: "
+              f"{growth:.2f}x, <= 1.25x): {loadguard.verdict(growth <= 1.25, a)}")  # fmt: skip
+    mine = {r: m for r, _n, m in default}
+    for ranks, name, _n, m, _note in rows:
+        if name == "HTA 0.5.0":
+            print(f"{ranks} ranks, HTA / ours: CPU {m['cpu_s'] / mine[ranks]['cpu_s']:.1f}x, "
+                  f"peak memory {m['peak_rss'] / mine[ranks]['peak_rss']:.1f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

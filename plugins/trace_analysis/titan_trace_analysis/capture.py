@@ -1,14 +1,15 @@
 """Record a Kineto trace of chosen training iterations on every rank (``TITAN_TRACE_STEPS``).
 
-Megatron's ``get_forward_backward_func`` returns one of the ``forward_backward_*`` functions of
-``megatron.core.pipeline_parallel.schedules``, looked up in that module's globals at call time,
-and every training iteration calls it once (``forward_only=False``).  The plugin wraps those
-functions: a call opens iteration N (closing N-1, so each ``ProfilerStep#N`` also covers the
-optimizer step that follows the schedule), the profiler starts at the first iteration of the
-range and stops, and exports ``<TITAN_TRACE_DIR>/rank-<R>.json.gz``, when the iteration after
-the range begins (or at exit).  The rank's parallel coordinates from
-``megatron.core.parallel_state`` go into the trace as ``titan_parallel`` metadata, next to
-PyTorch's own ``distributedInfo``.  Any failure here is logged and training goes on untraced.
+The core calls the ``titan_train_step`` wrapper hook around every call of Megatron's
+``forward_backward_*`` schedule; each training call (not ``step.forward_only``) opens iteration
+N, closing N-1, so each ``ProfilerStep#N`` also covers the optimizer step that follows the
+schedule.  The profiler starts at the first iteration of the range and stops, and exports
+``<TITAN_TRACE_DIR>/rank-<R>.json.gz``, when the iteration after the range begins (or at exit).
+The rank's parallel coordinates from ``megatron.core.parallel_state`` go into the trace as
+``titan_parallel`` metadata, next to PyTorch's own ``distributedInfo``.  While recording,
+Megatron's pipeline P2P calls carry ``titan.p2p:<method>`` titles, so the analyzer knows each
+transfer's direction even without collective args (and on CPU runs, where P2P has no kernel).
+Any failure here is logged and training goes on untraced.
 """
 
 from __future__ import annotations
@@ -22,22 +23,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from .settings import DIR, GZIP, STEPS, parse_steps
+
 log = logging.getLogger("titan_plugins.trace_analysis")
-
-
-def parse_steps(text: str) -> tuple[int, int] | None:
-    """``"10-12"`` -> (10, 12), ``"7"`` -> (7, 7), ``""`` -> None; ValueError names the form."""
-    text = text.strip()
-    if not text:
-        return None
-    lo, sep, hi = text.partition("-")
-    try:
-        first, last = int(lo), int(hi) if sep else int(lo)
-    except ValueError:
-        raise ValueError(f"TITAN_TRACE_STEPS={text!r}: use FIRST-LAST or N, e.g. 10-12") from None
-    if first < 0 or last < first:
-        raise ValueError(f"TITAN_TRACE_STEPS={text!r}: need 0 <= FIRST <= LAST, e.g. 10-12")
-    return first, last
+P2P_TITLE = "titan.p2p:"
+_RECORDING = False  # a profiler of this process is running: P2P calls get titles
 
 
 def parallel_coordinates() -> dict[str, int]:
@@ -87,6 +77,7 @@ class StepCapture:
         self.step_rec: Any = None
         self.done = False
         self.path: str | None = None
+        self.traced = 0  # iterations recorded
 
     def iteration(self) -> int:
         """Megatron's iteration number of the call now starting (1-based, as it logs them)."""
@@ -112,6 +103,7 @@ class StepCapture:
 
             self.step_rec = torch.profiler.record_function(f"ProfilerStep#{step}")
             self.step_rec.__enter__()
+            self.traced += 1
 
     def _close_step(self) -> None:
         if self.step_rec is not None:
@@ -119,18 +111,22 @@ class StepCapture:
             self.step_rec = None
 
     def _start(self) -> None:
+        global _RECORDING
         import torch
 
         self.prof = torch.profiler.profile(activities=list(torch.profiler.supported_activities()))
         self.prof.start()
+        _RECORDING = True
         self.prof.add_metadata_json("titan_parallel", json.dumps(parallel_coordinates()))
         atexit.register(self.finish)
 
     def finish(self) -> None:
         """Stop the profiler and write this rank's trace (idempotent)."""
+        global _RECORDING
         if self.prof is None or self.done:
             return
         self.done = True
+        _RECORDING = False
         self._close_step()
         prof, self.prof = self.prof, None
         prof.stop()
@@ -146,20 +142,21 @@ _CURRENT: StepCapture | None = None
 
 
 def current() -> StepCapture | None:
-    """The capture of this process (created from the environment on first use), or None."""
+    """The capture of this process (created from the environment on first use), or None.
+
+    A malformed TITAN_TRACE_STEPS warns and traces nothing (SettingError under STRICT).
+    """
     global _CURRENT
     if _CURRENT is None:
-        from titan_plugins.settings import complain, env_bool
-
-        try:
-            rng = parse_steps(os.environ.get("TITAN_TRACE_STEPS", ""))
-        except ValueError as exc:
-            complain(str(exc))
-            rng = None
+        rng = parse_steps(STEPS.read())
         if rng is None:
             return None
-        out_dir = os.environ.get("TITAN_TRACE_DIR", "").strip() or "titan_traces"
-        _CURRENT = StepCapture(rng[0], rng[1], out_dir, env_bool("TITAN_TRACE_GZIP", True))
+        _CURRENT = StepCapture(rng[0], rng[1], DIR.read().strip() or "titan_traces", GZIP.read())
+    return _CURRENT
+
+
+def existing() -> StepCapture | None:
+    """The capture of this process if one was created (never reads the environment)."""
     return _CURRENT
 
 
@@ -171,26 +168,37 @@ def reset() -> None:
     _CURRENT = None
 
 
-def wrap_schedule(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Patch factory for ``schedules.forward_backward_*``: one call = one training iteration."""
+def on_train_step(forward_only: bool) -> None:
+    """Called before every schedule call; never raises except SettingError under STRICT."""
+    global _CURRENT
+    if forward_only:
+        return  # evaluation passes are not iterations
+    from titan_plugins.settings import SettingError
+
+    try:
+        cap = current()
+        if cap is not None:
+            cap.on_call()
+    except SettingError:
+        raise  # TITAN_PLUGINS_STRICT=1 asked for bad settings to stop the run
+    except Exception as exc:  # never break training because tracing failed
+        log.warning("trace_analysis: capture disabled after error: %s", exc)
+        _CURRENT = StepCapture(0, -1, "")
+        _CURRENT.done = True
+
+
+def wrap_p2p(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Patch factory for a ``P2PCommunicator`` method: a ``titan.p2p:<method>`` title while a
+    capture records (one flag test otherwise)."""
+    title = P2P_TITLE + original.__name__
 
     @functools.wraps(original)
-    def forward_backward(*args: Any, **kwargs: Any) -> Any:
-        if not kwargs.get("forward_only", False):
-            from titan_plugins.settings import SettingError
+    def p2p(*args: Any, **kwargs: Any) -> Any:
+        if not _RECORDING:
+            return original(*args, **kwargs)
+        import torch
 
-            try:
-                cap = current()
-                if cap is not None:
-                    cap.on_call()
-            except SettingError:
-                raise  # TITAN_PLUGINS_STRICT=1 asked for bad settings to stop the run
-            except Exception as exc:  # never break training because tracing failed
-                log.warning("trace_analysis: capture disabled after error: %s", exc)
-                global _CURRENT
-                _CURRENT = StepCapture(0, -1, "")
-                _CURRENT.done = True
-        return original(*args, **kwargs)
+        with torch.profiler.record_function(title):
+            return original(*args, **kwargs)
 
-    forward_backward.__wrapped__ = original  # type: ignore[attr-defined]
-    return forward_backward
+    return p2p

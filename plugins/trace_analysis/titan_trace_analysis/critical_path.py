@@ -16,8 +16,8 @@ from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from typing import Any
 
+from .fastpath import loads
 from .kinds import PP_RECV, PP_SEND
-from .reader import loads
 
 EPS = 0.5  # us; Kineto timestamps are 1 us (older) or 1 ns resolution
 
@@ -50,8 +50,10 @@ class Timelines:
         step: str,
         capacity: int = 256,
         latest: dict[tuple, tuple[float, int]] | None = None,
+        present: set[int] | None = None,
     ) -> None:
         self.paths, self.step, self.capacity = paths, step, capacity
+        self.present = set(paths) if present is None else present  # ranks with this step
         self.latest = latest or {}  # (key, seq) -> (start, rank) of the last member to join
         self.unresolved: set[int] = set()  # peers the path needed but whose trace is absent
         self.cache: OrderedDict[int, StepTimeline | None] = OrderedDict()
@@ -133,6 +135,10 @@ def walk(
             add(r, "host/launch", end, t)
             t = end
         r, t = _through(tls, r, t, op, add)
+    if t < stop:  # the last segment began in the previous step: this step starts at ``stop``
+        if segs and segs[-1][2] < stop:
+            segs[-1][2] = stop
+        t = stop
     length = t_end - t
     return {
         "length_us": length,
@@ -157,7 +163,10 @@ def _through(tls: Timelines, r: int, t: float, op: list, add) -> tuple[int, floa
     elif kind != PP_SEND and key:
         tls.get(r)  # make sure the key table is loaded
         hit = tls.latest.get((key, seq))
-        members = [] if hit else tls.keys.get(key) or []
+        known = tls.keys.get(key) or []
+        absent = [m for m in known if m != r and m not in tls.present]
+        tls.unresolved.update(absent[:16])  # the last to join may be one of them
+        members = [] if hit else known
         best_r, best = r, start
         if hit and hit[1] != r and hit[0] > start + EPS and hit[0] < t:
             best, best_r = hit

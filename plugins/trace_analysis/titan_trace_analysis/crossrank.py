@@ -1,65 +1,119 @@
-"""Cross-rank analyses on per-rank summaries: rank set checks, slow ranks, pipeline bubbles."""
+"""Cross-rank bookkeeping on per-rank summaries: the rank set, the steps, per-stage bubbles."""
 
 from __future__ import annotations
 
-from statistics import median
+from collections import Counter
 from typing import Any
 
+from .safe import safe_text
 
-def check_ranks(summaries: list[dict[str, Any]]) -> tuple[dict[int, dict], list[dict]]:
-    """Keep one summary per rank; report duplicates, missing ranks and unreadable files.
 
-    Returns (rank -> summary of the analysable ranks, problems as {"file", "problem"}).
+def check_ranks(summaries: list[dict[str, Any]]) -> tuple[dict[int, dict], list[dict], int | None]:
+    """Keep one summary per rank; report duplicates, world-size disagreements, missing ranks.
+
+    Returns (rank -> summary of the analysable ranks, problems as {"file", "problem"}, world
+    size agreed by most files).
     """
     by_rank: dict[int, dict] = {}
     problems: list[dict] = []
-    worlds = set()
     for s in sorted(summaries, key=lambda s: s["file"]):
         for p in s["problems"]:
             problems.append({"file": s["file"], "problem": p})
-        if s["status"] == "error":
+        if s["status"] == "error" or s.get("rank") is None:
             continue
-        r = s.get("rank")
-        if r is None:
-            continue
+        r = s["rank"]
         if r in by_rank:
             problems.append(
                 {
                     "file": s["file"],
-                    "problem": f"duplicate rank {r} (also in {by_rank[r]['file']}): "
+                    "problem": f"duplicate rank {r} (also in {safe_text(by_rank[r]['file'])}): "
                     "this file is ignored; keep one trace per rank in the directory",
                 }
             )
             s["status"] = "error"
             continue
         by_rank[r] = s
-        if s.get("world_size"):
-            worlds.add(int(s["world_size"]))
-    if worlds:
-        world = max(worlds)
-        missing = sorted(set(range(world)) - set(by_rank))
-        if missing:
-            shown = ", ".join(str(r) for r in missing[:20]) + (" ..." if len(missing) > 20 else "")
+    worlds = Counter(s["world_size"] for s in by_rank.values() if s.get("world_size"))
+    world = worlds.most_common(1)[0][0] if worlds else None
+    if len(worlds) > 1:
+        odd = sorted(r for r, s in by_rank.items() if s.get("world_size") not in (None, world))
+        problems.append(
+            {
+                "file": "(directory)",
+                "problem": f"files disagree on world_size ({dict(worlds)}): {world} used; ranks "
+                f"{_short(odd)} say otherwise (traces of different jobs mixed?)",
+            }
+        )
+    for key in ("pp_size", "ep_size", "dp_size", "tp_size"):
+        sizes = Counter(s["coords"][key] for s in by_rank.values() if key in s["coords"])
+        if len(sizes) > 1:
+            common = sizes.most_common(1)[0][0]
+            odd = sorted(r for r, s in by_rank.items() if s["coords"].get(key, common) != common)
             problems.append(
                 {
                     "file": "(directory)",
-                    "problem": f"missing ranks {shown} of world size {world}: their traces are "
-                    "absent or unreadable; the analysis covers the other ranks",
+                    "problem": f"files disagree on {key} ({dict(sizes)}): ranks {_short(odd)} "
+                    f"differ from the {common} most files say (traces of different jobs mixed?)",
                 }
             )
-    return by_rank, problems
+    if world:
+        beyond = sorted(r for r in by_rank if r >= world)
+        for r in beyond:
+            problems.append(
+                {"file": by_rank[r]["file"], "problem": f"rank {r} >= world_size {world}; ignored"}
+            )
+            del by_rank[r]
+        missing = missing_ranks(by_rank, world)
+        if missing:
+            problems.append(
+                {
+                    "file": "(directory)",
+                    "problem": f"missing ranks {_short(missing)} of world size {world}: their "
+                    "traces are absent or unreadable; the analysis covers the other ranks",
+                }
+            )
+    return by_rank, problems, world
+
+
+def missing_ranks(by_rank: dict[int, dict], world: int) -> list[int]:
+    """Ranks below ``world`` without an analysable trace (world is validated <= 1,000,000)."""
+    return [r for r in range(world) if r not in by_rank]
+
+
+def _short(ranks: list[int], limit: int = 20) -> str:
+    return ", ".join(str(r) for r in ranks[:limit]) + (" ..." if len(ranks) > limit else "")
+
+
+def is_partial(s: dict[str, Any]) -> bool:
+    """Whether a rank's trace was salvaged from a truncated or damaged file."""
+    return bool(s.get("truncated"))
 
 
 def common_steps(by_rank: dict[int, dict]) -> list[str]:
-    """Step numbers present on every rank that has steps, in order."""
-    sets = [set(s["steps"]) for s in by_rank.values() if s.get("steps")]
+    """Steps present on every complete rank that has steps (partial ranks join where they can)."""
+    complete = [set(s["steps"]) for s in by_rank.values() if s.get("steps") and not is_partial(s)]
+    sets = complete or [set(s["steps"]) for s in by_rank.values() if s.get("steps")]
     if not sets:
         return []
     return sorted(set.intersection(*sets), key=int)
 
 
-def _stage(s: dict) -> int:
+def stage_of(s: dict[str, Any]) -> int:
+    """Pipeline stage of a rank (0 when the job has no pipeline parallelism)."""
     return int(s["coords"].get("pp", 0))
+
+
+def stages_of_all(by_rank: dict[int, dict], world: int | None) -> dict[int, int]:
+    """Stage of every rank, missing ones included where a peer's pipeline group names them."""
+    out = {r: stage_of(s) for r, s in by_rank.items()}
+    for s in by_rank.values():
+        group = s.get("groups", {}).get("pp")
+        if group:
+            for i, r in enumerate(group):
+                out.setdefault(r, i)
+    if world:
+        out = {r: v for r, v in out.items() if r < world}
+    return out
 
 
 def per_rank_table(by_rank: dict[int, dict], steps: list[str]) -> dict[int, dict[str, float]]:
@@ -70,9 +124,13 @@ def per_rank_table(by_rank: dict[int, dict], steps: list[str]) -> dict[int, dict
         if not rows:
             continue
         acc: dict[str, float] = {}
+        unknown = False
         for row in rows:
             for key, val in row.items():
                 if isinstance(val, list):
+                    continue
+                if val is None:
+                    unknown = True
                     continue
                 if isinstance(val, dict):
                     for kind, v in val.items():
@@ -80,60 +138,35 @@ def per_rank_table(by_rank: dict[int, dict], steps: list[str]) -> dict[int, dict
                 else:
                     acc[key] = acc.get(key, 0.0) + val
         table[r] = {k: v / len(rows) for k, v in acc.items()}
-        table[r]["bubble_ratio"] = sum(x["bubble_us"] / x["window_us"] for x in rows) / len(rows)
+        if unknown:
+            table[r].pop("bubble_us", None)
+        else:
+            table[r]["bubble_ratio"] = sum(x["bubble_us"] / x["window_us"] for x in rows) / len(
+                rows
+            )
     return table
 
 
-def slow_ranks(
-    by_rank: dict[int, dict], table: dict[int, dict], threshold: float = 1.10
-) -> list[dict[str, Any]]:
-    """Ranks whose compute time exceeds the median of their peers by ``threshold`` or more.
-
-    Peers are the ranks of the same pipeline stage (same layers); the expert group is reported
-    alongside.  Compute time is the sum of compute-kernel time per step, which a straggler
-    inflates whatever it waits for, unlike comm-kernel start times (HTA's heuristic).
-    """
-    stages: dict[int, list[int]] = {}
-    for r in table:
-        stages.setdefault(_stage(by_rank[r]), []).append(r)
-    found = []
-    for stage, ranks in sorted(stages.items()):
-        if len(ranks) < 2:
-            continue
-        for r in ranks:
-            # median of the *other* ranks, so a slow rank does not dilute its own baseline
-            med = median(table[p]["compute_us"] for p in ranks if p != r)
-            ratio = table[r]["compute_us"] / med if med else 1.0
-            if ratio >= threshold:
-                c = by_rank[r]["coords"]
-                found.append(
-                    {
-                        "rank": r,
-                        "stage": stage,
-                        "expert_group": c.get("ep_group"),
-                        "slowdown": ratio,
-                        "compute_us": table[r]["compute_us"],
-                        "peer_median_us": med,
-                        "peers": len(ranks),
-                    }
-                )
-    return sorted(found, key=lambda x: -x["slowdown"])
-
-
 def bubbles_by_stage(by_rank: dict[int, dict], table: dict[int, dict]) -> list[dict[str, Any]]:
-    """Per pipeline stage: mean bubble ratio, bubble time and step window over its ranks."""
+    """Per pipeline stage: mean bubble ratio, bubble time and step window over its ranks
+    (``None`` where the bubble cannot be measured: transfers without args or titles)."""
     stages: dict[int, list[int]] = {}
     for r in table:
-        stages.setdefault(_stage(by_rank[r]), []).append(r)
+        stages.setdefault(stage_of(by_rank[r]), []).append(r)
     out = []
     for stage, ranks in sorted(stages.items()):
+        known = [r for r in ranks if "bubble_ratio" in table[r]]
         n = len(ranks)
         out.append(
             {
                 "stage": stage,
                 "ranks": n,
-                "bubble_ratio": sum(table[r]["bubble_ratio"] for r in ranks) / n,
-                "bubble_us": sum(table[r]["bubble_us"] for r in ranks) / n,
+                "bubble_ratio": sum(table[r]["bubble_ratio"] for r in known) / len(known)
+                if known
+                else None,
+                "bubble_us": sum(table[r]["bubble_us"] for r in known) / len(known)
+                if known
+                else None,
                 "window_us": sum(table[r]["window_us"] for r in ranks) / n,
                 "compute_idle_ratio": sum(
                     table[r]["compute_idle_us"] / table[r]["window_us"] for r in ranks

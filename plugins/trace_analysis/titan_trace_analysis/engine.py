@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from .summarize import summarize
+from .summarize import Options, summarize
 
 
 class EngineError(Exception):
@@ -46,15 +46,24 @@ class Progress:
         sys.stderr.flush()
 
 
-def _task(args: tuple[str, str | None]) -> dict[str, Any]:
+Task = tuple[str, str | None, int, Options]
+
+
+def _task(args: Task) -> dict[str, Any]:
     return summarize(*args)
 
 
-def map_local(paths: list[str], timeline_dir: str | None, workers: int = 0) -> Iterator[dict]:
+def _tasks(paths: list[str], timeline_dir: str | None, options: Options | None) -> list[Task]:
+    return [(p, timeline_dir, i, options or Options()) for i, p in enumerate(paths)]
+
+
+def map_local(
+    paths: list[str], timeline_dir: str | None, workers: int = 0, options: Options | None = None
+) -> Iterator[dict]:
     """Summaries of ``paths`` from a local process pool (``workers`` <= 0: one per CPU)."""
     n = workers if workers > 0 else (os.cpu_count() or 1)
     n = max(1, min(n, len(paths)))
-    tasks = [(p, timeline_dir) for p in paths]
+    tasks = _tasks(paths, timeline_dir, options)
     if n == 1:
         yield from map(_task, tasks)
         return
@@ -66,7 +75,10 @@ def map_local(paths: list[str], timeline_dir: str | None, workers: int = 0) -> I
 
 
 def map_ray(
-    paths: list[str], timeline_dir: str | None, address: str | None = None
+    paths: list[str],
+    timeline_dir: str | None,
+    address: str | None = None,
+    options: Options | None = None,
 ) -> Iterator[dict]:
     """Summaries of ``paths`` computed as Ray tasks (every node must see the same paths)."""
     try:
@@ -81,7 +93,7 @@ def map_ray(
         started = True
     try:
         remote = ray.remote(_task)
-        pending = [remote.remote((p, timeline_dir)) for p in paths]
+        pending = [remote.remote(t) for t in _tasks(paths, timeline_dir, options)]
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             yield from ray.get(done)
@@ -98,19 +110,20 @@ def run_map(
     progress: bool | None = None,
     ray_address: str | None = None,
     on_result: Callable[[dict], None] | None = None,
+    options: Options | None = None,
 ) -> list[dict[str, Any]]:
     """Summarise every path with the chosen engine; returns the summaries in input order."""
     if engine == "local":
-        it: Iterable[dict] = map_local(paths, timeline_dir, workers)
+        it: Iterable[dict] = map_local(paths, timeline_dir, workers, options)
     elif engine == "ray":
-        it = map_ray(paths, timeline_dir, ray_address)
+        it = map_ray(paths, timeline_dir, ray_address, options)
     else:
         raise EngineError(f"unknown engine {engine!r}: use 'local' or 'ray'")
     bar = Progress(len(paths), progress)
     out = {}
     for res in it:
-        out[res["file"]] = res
+        out[res["index"]] = res
         if on_result:
             on_result(res)
         bar.update()
-    return [out[p] for p in paths]
+    return [out[i] for i in range(len(paths))]

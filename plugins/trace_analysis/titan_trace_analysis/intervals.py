@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable
 
 Interval = tuple[float, float]
@@ -9,8 +10,13 @@ Interval = tuple[float, float]
 
 def union(intervals: Iterable[Interval], gap: float = 0.0) -> list[list[float]]:
     """Merge intervals; neighbours closer than ``gap`` are joined into one."""
+    return union_sorted(sorted(intervals), gap)
+
+
+def union_sorted(intervals: Iterable[Interval], gap: float = 0.0) -> list[list[float]]:
+    """:func:`union` of intervals already sorted by start."""
     out: list[list[float]] = []
-    for a, b in sorted(intervals):
+    for a, b in intervals:
         if out and a <= out[-1][1] + gap:
             if b > out[-1][1]:
                 out[-1][1] = b
@@ -43,3 +49,27 @@ def overlap(x: list[list[float]], y: list[list[float]]) -> float:
 def clip(merged: list[list[float]], lo: float, hi: float) -> list[list[float]]:
     """The part of a merged list inside ``[lo, hi]``."""
     return [[max(a, lo), min(b, hi)] for a, b in merged if b > lo and a < hi]
+
+
+def subtract(x: list[list[float]], y: list[list[float]]) -> list[list[float]]:
+    """The parts of merged list ``x`` not covered by merged list ``y``."""
+    out: list[list[float]] = []
+    j = 0
+    for a, b in x:
+        while j < len(y) and y[j][1] <= a:
+            j += 1
+        k, cur = j, a
+        while k < len(y) and y[k][0] < b:
+            if y[k][0] > cur:
+                out.append([cur, y[k][0]])
+            cur = max(cur, y[k][1])
+            k += 1
+        if cur < b:
+            out.append([cur, b])
+    return out
+
+
+def covers(merged: list[list[float]], a: float, b: float) -> bool:
+    """Whether one interval of a merged list contains ``[a, b]``."""
+    i = bisect_right(merged, [a, float("inf")]) - 1
+    return i >= 0 and merged[i][0] <= a and b <= merged[i][1]

@@ -1,45 +1,61 @@
 """Hook implementations of trace_analysis (the entry-point target).
 
-Never imports megatron: the patch factory runs when ``megatron.core.pipeline_parallel.schedules``
-has executed.
+Import-light: only the standard library and the core are imported here (the capture module
+imports torch inside functions); nothing touches megatron until the core's train-step hook
+fires or a patch factory runs after ``megatron.core.pipeline_parallel.p2p_communication``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 from titan_plugins import hookimpl
-from titan_plugins.patching import SUPPORTED_MEGATRON, Patch, Signature
+from titan_plugins.patching import SUPPORTED_MEGATRON, Patch
 from titan_plugins.settings import Setting
 
 from . import capture
+from .settings import SETTINGS
 
-SCHEDULES = "megatron.core.pipeline_parallel.schedules"
-FUNCTIONS = (
-    "forward_backward_no_pipelining",
-    "forward_backward_pipelining_without_interleaving",
-    "forward_backward_pipelining_with_interleaving",
+P2P = "megatron.core.pipeline_parallel.p2p_communication:P2PCommunicator"
+# The schedules' only path to pipeline transfers; pp_rdma subclasses the class but inherits these
+P2P_METHODS = (
+    "recv_forward",
+    "recv_backward",
+    "send_forward",
+    "send_backward",
+    "send_forward_recv_backward",
+    "send_backward_recv_forward",
+    "send_forward_recv_forward",
+    "send_backward_recv_backward",
+    "send_forward_backward_recv_forward_backward",
 )
+
+
+@hookimpl(wrapper=True)
+def titan_train_step(step: Any) -> Generator[None, Any, Any]:
+    """Open iteration N of the capture (TITAN_TRACE_STEPS) before each training call."""
+    capture.on_train_step(step.forward_only)
+    return (yield)
 
 
 @hookimpl
 def titan_register_patches(register: Callable[[Patch], None]) -> None:
-    """Wrap the three schedules; they only act when TITAN_TRACE_STEPS is set."""
-    for fn in FUNCTIONS:
+    """Title Megatron's P2P calls while a capture records (direction of every transfer)."""
+    for method in P2P_METHODS:
         register(
             Patch(
-                id=f"trace_analysis.{fn}",
-                target=f"{SCHEDULES}:{fn}",
-                replace=capture.wrap_schedule,
+                id=f"trace_analysis.p2p.{method}",
+                target=f"{P2P}.{method}",
+                replace=capture.wrap_p2p,
                 requires=SUPPORTED_MEGATRON,
-                signature=Signature(params=("forward_step_func", "forward_only")),
-                rationale="one schedule call = one training iteration: start/stop the profiler "
-                "on the iterations named by TITAN_TRACE_STEPS and label them ProfilerStep#N",
-                upstream="megatron/core/pipeline_parallel/schedules.py: get_forward_backward_func "
-                "returns these module globals at call time",
-                remove_when="megatron-core exposes a per-iteration hook or profiler range for "
-                "unmodified training loops",
+                rationale="name each pipeline transfer in the trace (titan.p2p:<method>) so the "
+                "analyzer knows its direction and peer without collective args, and on CPU "
+                "runs where P2P launches no kernel",
+                upstream="megatron/core/pipeline_parallel/p2p_communication.py P2PCommunicator: "
+                "the schedules call these methods for every pipeline send / receive",
+                remove_when="megatron-core labels its P2P calls in the profiler (record_function "
+                "around P2PCommunicator methods)",
             )
         )
 
@@ -47,11 +63,7 @@ def titan_register_patches(register: Callable[[Patch], None]) -> None:
 @hookimpl
 def titan_settings() -> list[Setting]:
     """Capture knobs (analysis options are command-line flags of titan-trace)."""
-    return [
-        Setting("TITAN_TRACE_STEPS", "", "Iterations to trace on every rank: FIRST-LAST or N."),
-        Setting("TITAN_TRACE_DIR", "titan_traces", "Folder for rank-<R>.json.gz (shared storage)."),
-        Setting("TITAN_TRACE_GZIP", "1", "1: write gzipped traces; 0: plain JSON.", ("0", "1")),
-    ]
+    return list(SETTINGS)
 
 
 @hookimpl
@@ -68,3 +80,12 @@ def titan_report() -> dict[str, Any]:
         "dir": cap.out_dir,
         "written": cap.path or "",
     }
+
+
+@hookimpl
+def titan_effects() -> dict[str, Any]:
+    """What the capture did in this process: trace files written and iterations recorded."""
+    cap = capture.existing()
+    if cap is None:
+        return {}
+    return {"trace_files_written": int(cap.path is not None), "traced_iterations": cap.traced}

@@ -1,181 +1,173 @@
-"""Stream one Kineto (Chrome-trace JSON) file, plain or gzipped, in bounded memory.
+"""Stream the events of one Kineto (Chrome-trace JSON) file in bounded memory.
 
-The decompressed text is read in chunks and cut into one piece per event at the ``}, {``
-boundaries between the objects of ``traceEvents``.  Only pieces whose ``cat`` is wanted are
-JSON-parsed (orjson when installed), so the CPU-side bulk of a trace (cpu_op, flows) costs a
-regex search each instead of a full parse, and memory is one chunk plus what the caller keeps.
-A piece that fails to parse (a ``}, {`` inside an args string) is retried joined with its
-neighbours; what still fails is counted in ``bad_events``.
+The decompressed text is cut into one piece per event at the ``}, {`` boundaries between the
+objects of ``traceEvents``; one regex per piece (run by ``filter``, in C) keeps the GPU ops,
+launch calls and user annotations.  Launch calls (``cudaLaunchKernel`` ...) are read by two
+small regexes for their (thread, time, correlation) without a JSON parse; of the annotations
+only ``ProfilerStep#N`` and communication titles (``nccl:send 0->1``, ``gloo:recv``,
+``titan.p2p:recv_forward``, ...) are parsed.  Traces without GPU events are read a second time
+for their CPU ops.  The CPU-side bulk of a GPU trace therefore costs one regex search an event.
+
+A piece that fails to parse (a ``}, {`` inside a string) is retried joined with its neighbours;
+what still fails is counted in ``bad_events``.  A file cut short is read up to its last complete
+event and flagged ``truncated``.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 import re
-import zlib
 from collections.abc import Iterator
 from typing import Any
 
-try:  # optional speed-up; the stdlib parser gives the same results
-    import orjson
-
-    loads = orjson.loads
-    _JSONError: tuple[type[Exception], ...] = (orjson.JSONDecodeError, ValueError)
-
-    def dumps(obj: Any) -> bytes:
-        """JSON bytes of ``obj`` (orjson when installed)."""
-        return orjson.dumps(obj)
-
-except ImportError:  # pragma: no cover - exercised only where orjson is absent
-    loads = json.loads
-    _JSONError = (ValueError,)
-
-    def dumps(obj: Any) -> bytes:
-        """JSON bytes of ``obj`` (orjson when installed)."""
-        return json.dumps(obj).encode()
-
-
-try:  # optional: ISA-L inflates gzip 2-4x faster than zlib
-    from isal import igzip as _gzip
-    from isal import isal_zlib
-
-    _GZ_ERRORS: tuple[type[Exception], ...] = (EOFError, OSError, zlib.error, isal_zlib.error)
-except ImportError:  # pragma: no cover - exercised only where isal is absent
-    _gzip = gzip
-    _GZ_ERRORS = (EOFError, OSError, zlib.error)
+from .fastpath import Codec, codec
+from .source import Source
 
 SEP = re.compile(rb"(\}\s*,\s*\{)")  # captured: a rejoin restores the exact text
 CAT = re.compile(rb'"cat"\s*:\s*"([^"]*)"')
-# one regex call per event decides; ProfilerStep annotations are found by a scan of the chunk
+GPU_CATS = (b"kernel", b"gpu_memcpy", b"gpu_memset")
+LAUNCH_CATS = (b"cuda_runtime", b"cuda_driver", b"musa_runtime", b"musa_driver")
 WANTED = re.compile(
-    rb'"cat"\s*:\s*"(?:kernel|gpu_memcpy|gpu_memset|cuda_runtime|cuda_driver|musa_runtime|musa_driver)"'
+    rb'"cat"\s*:\s*"(?:' + b"|".join((*GPU_CATS, *LAUNCH_CATS, b"user_annotation")) + rb')"'
 )
+USER_ANNOTATION = b'"user_annotation"'  # not "gpu_user_annotation", the GPU-side copy
 STEP_MARK = b"ProfilerStep#"
-# launch calls only matter for (correlation -> CPU time): read those two fields without a parse
-LAUNCH = re.compile(rb'"ts"\s*:\s*(-?[0-9][0-9.eE+-]*)\s*,.*?"correlation"\s*:\s*(\d+)', re.S)
+COMM_MARK = re.compile(rb'"name"\s*:\s*"(?:nccl|gloo|mccl|rccl|hccl|titan\.p2p):')
+CPU_CATS = re.compile(rb'"cat"\s*:\s*"(?:cpu_op|user_annotation)"')
+# launches only matter for (correlation -> thread, CPU time): three fields, no parse (Kineto
+# writes "tid", "ts" and then "args" holding "correlation"; other layouts take the full parse)
+LAUNCH = re.compile(
+    rb'"tid"\s*:\s*(\d+)\s*,\s*"ts"\s*:\s*(-?[0-9][0-9.eE+-]*)[^{]*\{[^}]*"correlation"\s*:\s*(\d+)'
+)
 HOLD = 4
 ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[\s*')
 ARRAY_END = re.compile(rb"\}\s*\]")
-CHUNK = 1 << 20
-MAX_HEADER = 256 << 20
-
-GPU_CATS = frozenset({b"kernel", b"gpu_memcpy", b"gpu_memset"})
-LAUNCH_CATS = frozenset({b"cuda_runtime", b"cuda_driver", b"musa_runtime", b"musa_driver"})
-STEP_CATS = frozenset({b"user_annotation", b"cpu_op"})
+MAX_HEADER = 64 << 20
 
 
 class TraceError(Exception):
     """A trace file that cannot be analysed; the message says what to do about it."""
 
 
-def _open(path: str):
-    with open(path, "rb") as fh:
-        magic = fh.read(2)
-    if magic == b"\x1f\x8b":
-        return _gzip.open(path, "rb")
-    return open(path, "rb")
-
-
-def _is_wanted(piece: bytes) -> bool:
-    m = CAT.search(piece)
-    if m is None:
-        return False
-    cat = m.group(1)
-    if cat in GPU_CATS or cat in LAUNCH_CATS:
-        return True
-    return cat in STEP_CATS and b"ProfilerStep#" in piece
-
-
 class TraceReader:
-    """Iterate the wanted events of one trace; ``header`` holds the top-level metadata."""
+    """Iterate the wanted events of one trace; ``header`` holds the top-level metadata.
 
-    def __init__(self, path: str) -> None:
+    ``cpu_ops``: also yield every ``cpu_op`` / ``user_annotation`` (CPU-only traces).
+    """
+
+    def __init__(self, path: str, pure: bool = False, cpu_ops: bool = False) -> None:
         self.path = path
+        self.codec: Codec = codec(pure)
+        self.cpu_ops = cpu_ops
         self.header: dict[str, Any] = {}
         self.n_events = 0  # pieces seen: an unparsed event with "}, {" inside counts twice
         self.bad_events = 0
-        self.launches: dict[int, float] = {}  # correlation id -> CPU launch time
+        self.launches: dict[int, tuple[float, int]] = {}  # correlation -> (CPU time, thread)
+        self.truncated = False
+        self.damage: str | None = None
 
     def events(self) -> Iterator[dict[str, Any]]:
-        """Yield GPU events and ProfilerStep annotations; launch (runtime/driver) calls go to
-        ``launches`` (or are yielded when their fields are not where the fast path looks)."""
-        try:
-            yield from self._events()
-        except _GZ_ERRORS as exc:
-            raise TraceError(
-                f"corrupt or truncated file ({type(exc).__name__}: {exc}); re-copy the trace "
-                "or re-export it with torch.profiler"
-            ) from None
+        """Yield the wanted events; launch calls go to ``launches`` (or are yielded when their
+        fields are not where the fast path looks)."""
+        for batch in self.batches():
+            yield from batch
 
-    def _events(self) -> Iterator[dict[str, Any]]:
-        with _open(self.path) as fh:
-            buf = b""
-            in_array = False
-            while True:
-                chunk = fh.read(CHUNK)
-                if in_array:
-                    buf += chunk
-                else:
-                    buf += chunk
-                    m = ARRAY_START.search(buf)
-                    if m is None:
-                        if not chunk or len(buf) > MAX_HEADER:
-                            raise TraceError(
-                                'no "traceEvents" array: not a Kineto/Chrome trace JSON file'
-                            )
-                        continue
-                    if len(buf) - m.end() < 2 and chunk:
-                        continue  # need the first byte of the array
-                    self._header(buf[: m.start()] + b'"traceEvents": []}')
-                    buf = buf[m.end() :]
-                    if buf.startswith(b"]"):
-                        self._trailer(buf[1:])
-                        return
-                    if not buf.startswith(b"{"):
-                        raise TraceError("traceEvents is not an array of event objects")
-                    buf = buf[1:]
-                    in_array = True
-                if chunk:
-                    has_step = STEP_MARK in buf
-                    parts = SEP.split(buf)  # piece, separator, piece, ..., remainder
-                    # hold the last HOLD pieces back: a rejoin may need them as context
-                    keep = min(len(parts), 2 * HOLD + 1)
-                    yield from self._parse(parts, has_step, (len(parts) - keep + 1) // 2)
-                    buf = b"".join(parts[len(parts) - keep :])
-                else:
-                    yield from self._finish(buf)
-                    return
+    def batches(self) -> Iterator[list[dict[str, Any]]]:
+        """The wanted events, one list per chunk of the file (cheaper than one by one)."""
+        src = Source(self.path, self.codec)
+        yield from self._batches(iter(src))
+        if src.damage or src.truncated:
+            self.truncated = True
+            self.damage = src.damage or "the gzip stream ends early (file cut off)"
+
+    def _batches(self, chunks: Iterator[bytes]) -> Iterator[list[dict[str, Any]]]:
+        buf = b""
+        m = None
+        for chunk in chunks:
+            buf += chunk
+            m = ARRAY_START.search(buf)
+            if m is not None and len(buf) > m.end():
+                break
+            if len(buf) > MAX_HEADER:
+                raise TraceError('no "traceEvents" array in the first 64 MiB: not a Kineto trace')
+        if m is None:
+            what = "empty file" if not buf.strip() else 'no "traceEvents" array'
+            raise TraceError(f"{what}: not a Kineto/Chrome trace JSON file")
+        self._header(buf[: m.start()] + b'"traceEvents": []}')
+        buf = buf[m.end() :]
+        if buf.startswith(b"]"):
+            self._trailer(buf[1:])
+            return
+        if buf and not buf.startswith(b"{"):
+            raise TraceError("traceEvents is not an array of event objects")
+        buf = buf[1:]
+        for chunk in chunks:
+            buf += chunk
+            parts = SEP.split(buf)  # piece, separator, piece, ..., remainder
+            # hold the last HOLD pieces back: a rejoin may need them as context
+            keep = min(len(parts), 2 * HOLD + 1)
+            yield self._parse(parts, (len(parts) - keep + 1) // 2, buf)
+            buf = b"".join(parts[len(parts) - keep :])
+        yield self._finish(buf)
 
     def _parse(
-        self, parts: list[bytes], has_step: bool, limit: int | None = None
-    ) -> Iterator[dict[str, Any]]:
-        """Events of ``parts`` (piece, separator, piece, ...) among the first ``limit`` pieces."""
+        self, parts: list[bytes], limit: int | None = None, text: bytes = b""
+    ) -> list[dict[str, Any]]:
+        """Events of ``parts`` (piece, separator, piece, ...) among the first ``limit`` pieces;
+        ``text`` (the joined parts) is searched at C speed for the rarer pieces."""
         pieces, seps = parts[0::2], parts[1::2]
         n = len(pieces) if limit is None else limit
+        out: list[dict[str, Any]] = []
+        if n <= 0:
+            return out
         self.n_events += n
-        selected = list(filter(WANTED.search, pieces[:n]))
-        if has_step:
-            selected += [p for p in pieces[:n] if STEP_MARK in p and not WANTED.search(p)]
+        head = pieces[:n]
+        selected = list(filter(CPU_CATS.search if self.cpu_ops else WANTED.search, head))
+        text = text or b"".join(parts)
+        if STEP_MARK in text:  # ProfilerStep written as a cpu_op by some versions
+            ids = set(map(id, selected))
+            selected += [p for p in head if STEP_MARK in p and id(p) not in ids]
         consumed: set[int] = set()
-        launches = self.launches
+        launches, loads, errors = self.launches, self.codec.loads, self.codec.json_errors
+        cpu_ops = self.cpu_ops
         for p in selected:
-            if b'_runtime"' in p or b'_driver"' in p:
+            # Kineto writes "cat" second: look for the kind near the start first (a miss only
+            # costs a full parse, and _read sorts events by their parsed "cat")
+            if p.find(b'_runtime"', 0, 96) >= 0 or p.find(b'_driver"', 0, 96) >= 0:
                 m = LAUNCH.search(p)
                 if m is not None:
-                    launches[int(m[2])] = float(m[1])
+                    launches[int(m[3])] = (float(m[2]), int(m[1]))
                     continue
+            elif not cpu_ops and p.find(USER_ANNOTATION, 0, 96) >= 0:
+                if STEP_MARK not in p and COMM_MARK.search(p) is None:
+                    continue  # an annotation the analysis does not use
             try:
-                yield loads(b"{" + p + b"}")
-            except _JSONError:
+                ev = loads(b"{" + p + b"}")
+            except errors:
                 i = pieces.index(p)
                 if i in consumed:
                     continue
                 ev = self._rejoin(pieces, seps, i, consumed)
                 if ev is None:
                     self.bad_events += 1
-                elif _is_wanted(b"".join(pieces[min(consumed) : max(consumed) + 1])):
-                    yield ev
+                    continue
+                if not self._wanted(b"".join(pieces[min(consumed) : max(consumed) + 1])):
+                    continue
+            if isinstance(ev, dict):
+                out.append(ev)
+            else:
+                self.bad_events += 1
+        return out
+
+    def _wanted(self, piece: bytes) -> bool:
+        m = CAT.search(piece)
+        if m is None:
+            return False
+        cat = m.group(1)
+        if cat in GPU_CATS or cat in LAUNCH_CATS:
+            return True
+        if cat in (b"user_annotation", b"cpu_op"):
+            return self.cpu_ops or STEP_MARK in piece or COMM_MARK.search(piece) is not None
+        return False
 
     def _rejoin(
         self, pieces: list[bytes], seps: list[bytes], i: int, consumed: set[int]
@@ -186,8 +178,10 @@ class TraceReader:
             for hi in range(i if lo < i else i + 1, min(len(pieces), i + 16)):
                 text = pieces[lo] + b"".join(seps[k - 1] + pieces[k] for k in range(lo + 1, hi + 1))
                 try:
-                    ev = loads(b"{" + text + b"}")
-                except _JSONError:
+                    ev = self.codec.loads(b"{" + text + b"}")
+                except self.codec.json_errors:
+                    continue
+                if not isinstance(ev, dict):
                     continue
                 consumed.clear()
                 consumed.update(range(lo, hi + 1))
@@ -195,26 +189,37 @@ class TraceReader:
                 return ev
         return None
 
-    def _finish(self, rest: bytes) -> Iterator[dict[str, Any]]:
+    def _finish(self, rest: bytes) -> list[dict[str, Any]]:
         for m in ARRAY_END.finditer(rest):
             body = rest[: m.start()]
             try:
-                loads(b"[{" + body + b"}]")  # the held-back tail is whole events: the end
-            except _JSONError:
+                self.codec.loads(
+                    b"[{" + body + b"}]"
+                )  # the held-back tail is whole events: the end
+            except self.codec.json_errors:
                 continue
-            yield from self._parse(SEP.split(body), STEP_MARK in body)
+            events = self._parse(SEP.split(body))
             self._trailer(rest[m.end() :])
-            return
-        raise TraceError(
-            "truncated JSON: the traceEvents array never closes (file cut off while "
-            "copying or while the profiler was writing it); re-copy or re-export the trace"
-        )
+            return events
+        # the array never closes: salvage every complete event, drop the cut one
+        self.truncated = True
+        self.damage = "the traceEvents array never closes (file cut off)"
+        parts = SEP.split(rest)
+        last = parts[-1]
+        try:
+            self.codec.loads(b"{" + last.rstrip().rstrip(b",") + b"}")
+            complete = len(parts) // 2 + 1
+        except self.codec.json_errors:
+            complete = len(parts) // 2
+        return self._parse(parts, complete)
 
     def _header(self, text: bytes) -> None:
         try:
-            head = loads(text)
-        except _JSONError as exc:
+            head = self.codec.loads(text)
+        except self.codec.json_errors as exc:
             raise TraceError(f"unreadable trace header ({exc})") from None
+        if not isinstance(head, dict):
+            raise TraceError("the trace's top level is not a JSON object")
         head.pop("traceEvents", None)
         self.header.update(head)
 
@@ -223,6 +228,9 @@ class TraceReader:
         if text in (b"", b"}"):
             return
         try:
-            self.header.update(loads(b"{" + text))
-        except _JSONError:
-            pass  # metadata after the events is optional; the events are complete
+            tail = self.codec.loads(b"{" + text)
+        except self.codec.json_errors:
+            return  # metadata after the events is optional; the events are complete
+        if isinstance(tail, dict):
+            for key, value in tail.items():
+                self.header.setdefault(key, value)

@@ -1,159 +1,140 @@
-"""Self-contained HTML report (inline SVG, no scripts or network): heatmaps, bubbles, path."""
+"""Self-contained HTML report (inline SVG, no scripts or network): warnings first, then labelled
+heatmaps with colour scales, the bubble per stage, an all-rank timeline of one step, the
+critical path and the text summary."""
 
 from __future__ import annotations
 
-import html
+from statistics import median
 from typing import Any
 
-COLORS = {
-    "compute": "#4c78a8",
-    "pp_recv": "#f58518",
-    "pp_send": "#ffbf79",
-    "ep_a2a": "#e45756",
-    "dp_reduce_scatter": "#72b7b2",
-    "dp_all_gather": "#54a24b",
-    "dp_all_reduce": "#b279a2",
-    "other_comm": "#9d755d",
-    "host/launch": "#bab0ac",
-}
+from .fastpath import loads
+from .html_charts import COLORS, bars, esc, heatmap, lanes, legend
+
 CSS = (
     "body{font:14px sans-serif;margin:24px;color:#222}h2{margin-top:28px}"
     "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
+    ".warn{background:#fff4e5;border-left:4px solid #e67e22;padding:6px 10px;margin:4px 0}"
     ".bad{color:#b00}.legend span{display:inline-block;margin-right:12px}"
     ".sw{display:inline-block;width:10px;height:10px;margin-right:4px}"
 )
+TIMELINE_RANKS = 64
 
 
-def _e(x: Any) -> str:
-    return html.escape(str(x))
-
-
-def _ramp(v: float) -> str:
-    """White (0) to red (1)."""
-    v = min(1.0, max(0.0, v))
-    g = int(255 - 200 * v)
-    return f"rgb(255,{g},{g})"
-
-
-def heatmap(report: dict[str, Any], value, label: str, scale: float) -> str:
-    """Ranks as cells, one row per pipeline stage; colour = value(rank_row) / scale."""
-    rows: dict[int, list[tuple[int, float]]] = {}
+def _grid(report: dict[str, Any], value) -> dict[int, dict[int, float | None]]:
+    """stage -> rank -> value (None for a rank of the stage without data: it keeps its place)."""
+    cells: dict[int, dict[int, float | None]] = {}
+    for r, stage in report.get("stage_of", {}).items():
+        cells.setdefault(int(stage), {})[int(r)] = None
     for r, row in report["ranks"].items():
         m = row.get("mean_per_step")
-        if m:
-            rows.setdefault(int(row["coords"].get("pp", 0)), []).append((int(r), value(r, m)))
-    if not rows:
-        return "<p>no per-step data</p>"
-    width = max(len(v) for v in rows.values())
-    cell = max(4, min(24, 960 // max(1, width)))
-    out = [f'<svg width="{60 + cell * width}" height="{20 + cell * len(rows)}">']
-    for y, (stage, cells) in enumerate(sorted(rows.items())):
-        out.append(
-            f'<text x="0" y="{14 + y * cell + cell / 2}" font-size="11">stage {stage}</text>'
-        )
-        for x, (rank, v) in enumerate(sorted(cells)):
-            out.append(
-                f'<rect x="{60 + x * cell}" y="{4 + y * cell}" width="{cell - 1}" '
-                f'height="{cell - 1}" fill="{_ramp(v / scale)}"><title>rank {rank}: '
-                f"{_e(label)} {v:.3f}</title></rect>"
-            )
-    out.append("</svg>")
-    return "".join(out)
+        stage = int(row["coords"].get("pp", 0))
+        cells.setdefault(stage, {})[int(r)] = value(r, m) if m else None
+    return cells
 
 
-def path_timeline(report: dict[str, Any], max_segments: int = 4000) -> str:
-    """The critical path of the longest step: one lane per rank on it, segments by kind."""
-    segs = report["critical_path"]["segments"][:max_segments]
+def _slow_heatmap(report: dict[str, Any]) -> str:
+    by_stage: dict[int, list[float]] = {}
+    for row in report["ranks"].values():
+        m = row.get("mean_per_step")
+        if m and "compute_us" in m:
+            by_stage.setdefault(int(row["coords"].get("pp", 0)), []).append(m["compute_us"])
+    base = {k: median(v) for k, v in by_stage.items()}
+
+    def rel(r: str, m: dict) -> float | None:
+        b = base.get(int(report["ranks"][r]["coords"].get("pp", 0)))
+        return m["compute_us"] / b if b and "compute_us" in m else None
+
+    cells = _grid(report, rel)
+    cells = {s: {r: (None if v is None else max(0.0, v - 1.0)) for r, v in row.items()}
+             for s, row in cells.items()}  # fmt: skip
+    return heatmap(cells, lambda v: f"{1 + v:.2f}x the stage median", 0.5, "compute time",
+                   "1.0x", ">= 1.5x")  # fmt: skip
+
+
+def _bubble_heatmap(report: dict[str, Any]) -> str:
+    cells = _grid(report, lambda r, m: m.get("bubble_ratio"))
+    return heatmap(cells, lambda v: f"{100 * v:.1f}%", 1.0, "bubble share of the step", "0%",
+                   "100%")  # fmt: skip
+
+
+def _step_timeline(report: dict[str, Any]) -> str:
+    """Every rank (up to TIMELINE_RANKS) in the detail step: compute, comm kinds, bubbles."""
+    cp = report["critical_path"]
+    step, timelines = cp.get("detail_step"), report.get("_timelines", {})
+    if step is None or not timelines:
+        return "<p>no timeline (no step with GPU or CPU ops)</p>"
+    st = cp["steps"][step]
+    stage = {int(r): v for r, v in report.get("stage_of", {}).items()}
+    rows = []
+    for r in sorted(timelines, key=lambda r: (stage.get(int(r), 0), int(r)))[:TIMELINE_RANKS]:
+        with open(timelines[r], "rb") as fh:
+            tl = loads(fh.read())["steps"].get(step)
+        if not tl:
+            continue
+        segs = [("compute", tl["comp"][i], tl["comp"][i + 1]) for i in range(0, len(tl["comp"]), 2)]
+        segs += [(op[0], op[1], op[2]) for op in tl["ops"]]
+        bub = tl.get("bub", [])
+        segs += [("bubble", bub[i], bub[i + 1]) for i in range(0, len(bub), 2)]
+        rows.append((f"r{r} pp{stage.get(int(r), 0)}", segs))
+    more = len(timelines) - len(rows)
+    note = f"<p>{more} more ranks in merged_trace.json</p>" if more > 0 else ""
+    return lanes(rows, st["start_us"], st["end_us"], split=True) + note
+
+
+def _path(report: dict[str, Any]) -> str:
+    segs = report["critical_path"]["segments"][:4000]
     if not segs:
-        return "<p>no critical path (no steps with GPU events)</p>"
-    stage = {int(r): int(v["coords"].get("pp", 0)) for r, v in report["ranks"].items()}
-    lanes = sorted({s[0] for s in segs}, key=lambda r: (stage.get(r, 0), r))
-    lane_y = {r: i for i, r in enumerate(lanes)}
-    t0 = min(s[2] for s in segs)
-    t1 = max(s[3] for s in segs)
-    w, lh = 1000.0, 14
-    sx = w / max(1e-9, t1 - t0)
-    out = [f'<svg width="{int(w) + 90}" height="{lh * len(lanes) + 30}">']
-    for r, i in lane_y.items():
-        out.append(f'<text x="0" y="{i * lh + 11}" font-size="10">r{r} pp{stage.get(r, 0)}</text>')
-    prev = None
-    for rank, kind, a, b in segs:
-        x = 80 + (a - t0) * sx
-        y = lane_y[rank] * lh
-        out.append(
-            f'<rect x="{x:.1f}" y="{y + 2}" width="{max(0.5, (b - a) * sx):.1f}" height="{lh - 4}"'
-            f' fill="{COLORS.get(kind, "#888")}"><title>rank {rank} {_e(kind)} '
-            f"{(b - a) / 1000:.3f} ms</title></rect>"
-        )
-        if prev is not None and prev[0] != rank:
-            out.append(
-                f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{lane_y[prev[0]] * lh + lh / 2}" '
-                f'y2="{y + lh / 2}" stroke="#333" stroke-width="0.6"/>'
-            )
-        prev = (rank, a)
-    out.append(
-        f'<text x="80" y="{lh * len(lanes) + 24}" font-size="11">0 ms</text>'
-        f'<text x="{int(w)}" y="{lh * len(lanes) + 24}" font-size="11">'
-        f"{(t1 - t0) / 1000:.1f} ms</text></svg>"
-    )
-    return "".join(out)
-
-
-def _legend() -> str:
-    items = "".join(
-        f'<span><i class="sw" style="background:{c}"></i>{_e(k)}</span>' for k, c in COLORS.items()
-    )
-    return f'<p class="legend">{items}</p>'
+        return "<p>no critical path (no steps with ops)</p>"
+    stage = {int(r): v for r, v in report.get("stage_of", {}).items()}
+    order = sorted({s[0] for s in segs}, key=lambda r: (stage.get(r, 0), r))
+    idx = {r: i for i, r in enumerate(order)}
+    rows = [(f"r{r} pp{stage.get(r, 0)}", [(k, a, b) for rr, k, a, b in segs if rr == r])
+            for r in order]  # fmt: skip
+    arrows = [(idx[a[0]], idx[b[0]], b[2]) for a, b in zip(segs, segs[1:]) if a[0] != b[0]]
+    return lanes(rows, min(s[2] for s in segs), max(s[3] for s in segs), arrows)
 
 
 def render(report: dict[str, Any], text_summary: str) -> str:
     """The whole report as one HTML document."""
-    slow = {s["rank"]: s["slowdown"] for s in report["slow_ranks"]}
     parts = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>titan-trace report</title>"
+        "<!doctype html><html><head><meta charset='utf-8'><title>titan-trace report</title>"
         f"<style>{CSS}</style></head><body><h1>titan-trace: {report['ranks_analyzed']} ranks</h1>",
-        f"<p>{_e(report['trace_dir'])} &middot; {report['events']:,} events &middot; steps "
-        f"{_e(', '.join(report['steps']))}</p>",
+        f"<p>{esc(report['trace_dir'])} &middot; {report['events']:,} events &middot; steps "
+        f"{esc(', '.join(report['steps']))}</p>",
     ]
+    for w in report.get("warnings", []):
+        parts.append(f"<div class='warn'><b>Warning:</b> {esc(w)}</div>")
     if report["problems"]:
         parts.append("<h2 class='bad'>Problems (partial analysis)</h2><ul>")
-        parts += [f"<li>{_e(p['file'])}: {_e(p['problem'])}</li>" for p in report["problems"]]
+        parts += [f"<li>{esc(p['file'])}: {esc(p['problem'])}</li>" for p in report["problems"]]
         parts.append("</ul>")
-    parts.append("<h2>Compute time vs stage median (slow ranks are red)</h2>")
-    med = {}
-    for row in report["ranks"].values():
-        m = row.get("mean_per_step")
-        if m:
-            med.setdefault(row["coords"].get("pp", 0), []).append(m["compute_us"])
-    stage_med = {k: sorted(v)[len(v) // 2] for k, v in med.items()}
-
-    def rel(r: str, m: dict) -> float:
-        base = stage_med.get(report["ranks"][r]["coords"].get("pp", 0)) or 1.0
-        return max(0.0, m["compute_us"] / base - 1.0)
-
-    parts.append(heatmap(report, rel, "slowdown-1", 0.5))
-    parts.append("<h2>Pipeline bubble ratio per rank</h2>")
-    parts.append(heatmap(report, lambda r, m: m["bubble_ratio"], "bubble ratio", 1.0))
-    parts.append("<h2>Bubble by stage</h2><table><tr><th>stage</th><th>ranks</th>")
-    parts.append("<th>bubble %</th><th>compute idle %</th><th>step window ms</th></tr>")
-    for s in report["stages"]:
-        parts.append(
-            f"<tr><td>{s['stage']}</td><td>{s['ranks']}</td><td>{100 * s['bubble_ratio']:.1f}</td>"
-            f"<td>{100 * s['compute_idle_ratio']:.1f}</td><td>{s['window_us'] / 1000:.2f}</td></tr>"
-        )
-    parts.append("</table>")
-    parts.append("<h2>Slow ranks</h2><ul>")
-    parts += [f"<li>rank {r}: {v:.2f}x its stage peers</li>" for r, v in slow.items()] or [
-        "<li>none</li>"
-    ]
+    parts.append("<h2>Pipeline bubble by stage</h2>")
+    parts.append(bars([(f"stage {s['stage']}", s["bubble_ratio"],
+                        "not measured" if s["bubble_ratio"] is None
+                        else f"{100 * s['bubble_ratio']:.1f}% ({s['bubble_us'] / 1000:.2f} ms)")
+                       for s in report["stages"]]))  # fmt: skip
+    parts.append("<h2>Bubble share of the step, per rank</h2>" + _bubble_heatmap(report))
+    parts.append("<h2>Compute time vs its stage's median, per rank</h2>" + _slow_heatmap(report))
+    parts.append("<h2>Slow units (work-normalised)</h2><ul>")
+    slow = [u for u in report.get("slow_units", []) if u["verdict"] == "slow"]
+    parts += [f"<li>{esc(u['unit'])} {esc(u['id'])}: {u['slowdown']:.2f}x its {u['peers']} "
+              f"peers (ranks {esc(', '.join(map(str, u['ranks'][:32])))})</li>"
+              for u in slow] or ["<li>none above the threshold</li>"]  # fmt: skip
     parts.append("</ul>")
     cp = report["critical_path"]
-    parts.append(f"<h2>Critical path, step {_e(cp['detail_step'])}</h2>{_legend()}")
-    parts.append(path_timeline(report))
+    kinds = list(COLORS)
+    parts.append(f"<h2>All ranks, step {esc(cp['detail_step'])}</h2>{legend(kinds)}")
+    parts.append("<p>Upper half of each lane: compute and pipeline bubbles; lower half: "
+                 "communication.</p>")  # fmt: skip
+    parts.append(_step_timeline(report))
+    parts.append(f"<h2>Critical path, step {esc(cp['detail_step'])}</h2>{legend(kinds)}")
+    parts.append(_path(report))
     parts.append("<table><tr><th>step</th><th>length ms</th><th>bound by</th></tr>")
     for k, st in cp["steps"].items():
-        kinds = ", ".join(f"{_e(n)} {100 * v['share']:.0f}%" for n, v in st["by_kind"].items())
-        parts.append(f"<tr><td>{k}</td><td>{st['length_us'] / 1000:.2f}</td><td>{kinds}</td></tr>")
+        by = ", ".join(f"{esc(n)} {100 * v['share']:.0f}%" for n, v in st["by_kind"].items())
+        parts.append(
+            f"<tr><td>{esc(k)}</td><td>{st['length_us'] / 1000:.2f}</td><td>{by}</td></tr>"
+        )
     parts.append("</table>")
-    parts.append(f"<h2>Summary</h2><pre>{_e(text_summary)}</pre></body></html>")
+    parts.append(f"<h2>Summary</h2><pre>{esc(text_summary)}</pre></body></html>")
     return "".join(parts)

@@ -1,3 +1,3 @@
 """The titan-trace-analysis distribution's version: the single source read by setup.cfg."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,0 +1,68 @@
+"""Pipeline bubble of one rank's step: the compute stream's idle time spent waiting on a pipeline
+receive.
+
+The compute stream idles in gaps between its ops.  A gap ends when the next op X can start:
+after its launch (host time), after the communication it waits for.  The gap is a pipeline
+stall when a receive is the last communication to complete in it; the stall runs from the
+latest of (gap start, end of any other communication completing in the gap, X's launch, the
+receive's launch) to the receive's end.  Idle time while a receive merely happens to be
+outstanding (the compute stream waits for an expert all-to-all, the host is late launching X,
+the previous step's all-gather is still running) is not bubble.  In CPU traces (gloo) the
+training thread itself blocks inside the receive, so the same rule counts the receive's time.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+
+from .kinds import COMM, COMPUTE, PP_RECV, PP_SEND
+from .ops import Op
+
+EPS = 5.0  # us: a dependent op starts a few microseconds after what it waited for
+
+
+Launches = dict[int, tuple[float, int]]
+
+
+def posted(op: Op, launches: Launches) -> float:
+    """When the op was issued: its launch (GPU), its own entry (CPU), or -inf if unknown."""
+    if not math.isnan(op.posted):
+        return op.posted
+    launch = launches.get(op.corr) if op.corr is not None else None
+    return launch[0] if launch is not None else -math.inf
+
+
+def _gaps(
+    comp: list[Op], w0: float, w1: float, launches: Launches
+) -> list[tuple[float, float, float]]:
+    """(gap start, gap end, launch of the op ending it) of the compute stream in [w0, w1]."""
+    out = []
+    run_end = w0
+    for op in comp:
+        if op.start > run_end + 0.5 and op.start <= w1:
+            out.append((run_end, op.start, posted(op, launches)))
+        run_end = max(run_end, op.end)
+    return out
+
+
+def bubbles(ops: list[Op], w0: float, w1: float, launches: Launches) -> list[tuple[float, float]]:
+    """The bubble intervals inside the step window [w0, w1]."""
+    comp = sorted(o for o in ops if o.klass == COMPUTE and o.end > w0)
+    recvs = sorted((o for o in ops if o.klass == COMM and o.kind == PP_RECV), key=lambda o: o.end)
+    if not comp or not recvs:
+        return []
+    others = sorted(o.end for o in ops if o.klass == COMM and o.kind not in (PP_RECV, PP_SEND, ""))
+    recv_ends = [o.end for o in recvs]
+    out = []
+    for g0, g1, launch in _gaps(comp, w0, w1, launches):
+        i = bisect_right(recv_ends, g1 + EPS) - 1
+        if i < 0 or recv_ends[i] <= g0:
+            continue
+        r = recvs[i]
+        j = bisect_right(others, g1 + EPS)
+        other_end = others[j - 1] if j and others[j - 1] > g0 else g0
+        lo = max(g0, other_end, launch, posted(r, launches))
+        if min(r.end, g1) > lo:
+            out.append((lo, min(r.end, g1)))
+    return out
