@@ -1,158 +1,212 @@
-"""Mooncake pipeline transport: announce with a notification, move with a one-sided read.
+"""Mooncake pipeline transport: announce on the control channel, move with a one-sided read.
 
-For every pipeline tensor the sender makes its bytes available in registered memory and
-notifies the receiver ``S|ch|key|seq|addr``; the receiver, once its receive is posted, reads the
-bytes with one one-sided Mooncake read (RDMA READ on a NIC), then notifies ``F|ch|seq`` so the
-sender may reuse the memory. Matching is by (channel, sequence number), so with PP=2 (previous ==
-next rank) an activation is never taken for a gradient whatever order the ops were posted in,
-and the receiver checks the announced shape and dtype against its own before moving a byte.
+For every pipeline tensor the sender makes its bytes available in memory registered with
+Mooncake and announces them to the receiver (``S|ch|key|seq|addr`` on the authenticated control
+connection, see ``channel.py``); the receiver, once its receive is posted, checks shape and dtype
+against its own and that the address lies in memory the sender registered for this session,
+reads the bytes with one one-sided Mooncake read (RDMA READ on a NIC) and answers ``F`` so the
+sender may reuse the memory. Tensors up to ``INLINE_BYTES`` on the CPU travel inside the
+announce itself (one message, no transfer, the send completes at once).
 
 Buffers (``TITAN_PP_RDMA_BUFFERS``), chosen by each side independently:
 - ``ring``: registered slots per (peer, channel, shape, dtype), reused across microbatches; the
   sender copies into one at post time, the receiver lands the read in one and copies it out.
   Registration happens once per shape (the RDMA default: registering fresh memory costs there).
 - ``direct``: the source tensor (pinned by a detached alias, so ``deallocate_output_tensor``
-  cannot free it in flight) and the receive tensor are registered per op: no copies (the TCP
-  default: registration costs microseconds there).
+  cannot free it in flight) is registered per op and the read lands in the receive tensor: no
+  copies (the TCP default: registration costs microseconds there).
 
-Every ``wait`` / ``is_completed`` drives the progress of all ops of the process, so ops posted in
-any order complete without a helper thread, and polling sleeps between rounds instead of
-spinning (Mooncake's own synchronous calls busy-poll a core).
+Progress: a helper thread per transport handles arriving records, starts reads and answers
+``F`` while the training thread computes (so transfers overlap compute); a ``wait`` drives
+progress itself (no thread hand-off on the critical path) and sleeps in ``select`` on the
+control sockets between polls of Mooncake's completion status (Mooncake's own synchronous calls
+busy-poll a core).
 """
 
 from __future__ import annotations
 
+import atexit
+import select
+import socket
+import threading
 import time
+import weakref
 from typing import Any
 
 import torch
 
+from titan_pp_rdma import security
 from titan_pp_rdma.buffers import SlotPool, record_event
-from titan_pp_rdma.errors import PPRdmaError, PPRdmaMismatch, PPRdmaTimeout
-from titan_pp_rdma.mooncake_engine import PeerAddress
-from titan_pp_rdma.notifier import SEPARATOR
+from titan_pp_rdma.errors import PPRdmaError, PPRdmaTimeout
 from titan_pp_rdma.ops import Link, Op, RecvOp, SendOp
-from titan_pp_rdma.wire import CHANNEL_NAMES, FWD, decode, describe_key, encode
+from titan_pp_rdma.protocol import ProtocolMixin, flat_bytes
+from titan_pp_rdma.wire import CHANNEL_NAMES, describe_key, encode
 
-# Longest sleep between two progress polls: long enough to leave the core to the peer and to
-# Mooncake's TCP threads, short next to a transfer (~0.1 ms on loopback).
-_MAX_NAP_S = 1e-4
-_SAME = (
-    "Both stages must use the same seq_length, micro_batch_size, hidden_size and pipeline_dtype "
-    "(or set variable_seq_lengths=True)"
-)
-
-
-def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(-1).view(torch.uint8)
+INLINE_BYTES = 64 << 10  # CPU tensors up to this size travel inside their announce
+_FIRST_NAP_S = 1e-5
+_MAX_NAP_S = 1e-4  # a waiting rank polls a read in flight at least this often
+_IDLE_S = 0.5  # the helper thread's longest sleep when only a socket can wake it
+_DRAIN_EVERY_S = 0.05
+_LIVE: weakref.WeakSet[MooncakeTransport] = weakref.WeakSet()
 
 
-class MooncakeTransport:
+class MooncakeTransport(ProtocolMixin):
     """Async point-to-point tensor transport between this rank and its pipeline neighbours."""
 
     def __init__(
         self,
         engine: Any,
         rank: int,
-        peers: dict[int, PeerAddress],
+        links: dict[int, Link],
         tag: str,
         *,
         direct: bool,
         timeout_s: float,
         device: torch.device,
+        background: bool = True,
     ) -> None:
         self.engine, self.rank, self.tag, self.direct = engine, rank, tag, direct
         self.timeout_s, self.device = timeout_s, device
-        self.links = {peer: Link(addr) for peer, addr in peers.items()}
+        self.reg_local = getattr(engine, "protocol", "tcp") != "tcp"
+        self.links = links
         self.error: PPRdmaError | None = None
-        self._name = f"{tag}/{rank}"
-        self._notifier = engine.notifier
-
-    def _notify(self, link: Link, *fields: object) -> None:
-        self._notifier.post(link.address, self._name, encode(*fields))
+        self.stats: Any = None  # a stats.PhaseStats to time every phase (benchmarks)
+        self._lock = threading.RLock()
+        self._waiting = 0
+        self._resume = threading.Event()
+        self._closed = False
+        self._drained_at = 0.0
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(
+                target=self._drive, name=f"pp_rdma-progress-{rank}", daemon=True
+            )
+            self._thread.start()
+        _LIVE.add(self)
 
     def _slot(self, link: Link, role: str, op: Op) -> torch.Tensor:
         pool = link.pools.get((role, op.ch, op.key))
         if pool is None:
             pool = link.pools[(role, op.ch, op.key)] = SlotPool(self.engine, op.key, self.device)
         op.pooled = True
-        return pool.take()
-
-    def _release(self, link: Link, role: str, op: Op) -> None:
-        if op.buf is None:
-            return
-        if op.pooled:
-            link.pools[(role, op.ch, op.key)].give_back(op.buf)
-        else:
-            self.engine.unregister(op.buf)
-        op.buf = None
+        return self._timed("register", pool.take)
 
     # ---------------------------------------------------------------- posting
     def isend(self, tensor: torch.Tensor, peer: int, ch: str) -> SendOp:
         """Post a send of ``tensor`` to ``peer`` on ``ch``; the caller may free it at once."""
-        self._check()
-        link = self.links[peer]
-        op = SendOp(self, peer, ch, tensor, link.send_seq[ch])
-        link.send_seq[ch] += 1
         tensor = tensor.detach()
+        nbytes = tensor.numel() * tensor.element_size()
+        inline = tensor.device.type == "cpu" and nbytes <= INLINE_BYTES
+        payload = flat_bytes(tensor.contiguous()).numpy().tobytes() if inline else b""
+        with self._lock:
+            self._check()
+            link = self.links[peer]
+            op = SendOp(self, peer, ch, tensor, link.send_seq[ch])
+            link.send_seq[ch] += 1
+            if inline:
+                self._stamp(link)
+                link.channel.queue(encode("I", ch, op.key, op.seq), payload)
+                op.done = True
+            else:
+                self._stage(link, op, tensor)
+                link.sends[(ch, op.seq)] = op
+                # On a GPU the bytes exist once the queued kernels ran: announce then, without
+                # blocking the host (progress polls the event).
+                op.event = record_event(op.buf)
+                if op.event is None:
+                    self._announce(link, op)
+                else:
+                    link.unannounced.append(op)
+            flushed = link.channel.flush()
+        if not flushed or op.event is not None:
+            self._poke()
+        return op
+
+    def _stage(self, link: Link, op: SendOp, tensor: torch.Tensor) -> None:
         if self.direct and tensor.is_contiguous():
             try:  # the detached alias keeps this storage even when the caller swaps `out.data`
-                op.buf = self.engine.register(_flat_bytes(tensor))
+                op.buf = self._timed("register", self.engine.register, flat_bytes(tensor))
             except PPRdmaError:
                 op.buf = None  # e.g. overlaps a registered region: stage a copy instead
         if op.buf is None:
             op.buf = self._slot(link, "send", op)
             with torch.no_grad():
-                op.buf.view(tensor.dtype).view(tensor.shape).copy_(tensor)
-        link.sends[(ch, op.seq)] = op
-        # On a GPU the bytes exist once the queued kernels ran: announce then, without
-        # blocking the host (progress polls the event).
-        op.event = record_event(op.buf)
-        if op.event is None:
-            self._announce(link, op)
-        else:
-            link.unannounced.append(op)
-        return op
+                self._timed(
+                    "stage_copy", op.buf.view(tensor.dtype).view(tensor.shape).copy_, tensor
+                )
 
     def _announce(self, link: Link, op: SendOp) -> None:
         assert op.buf is not None
-        self._notify(link, "S", op.ch, op.key, op.seq, op.buf.data_ptr())
+        base = op.buf.data_ptr()
+        if base not in link.declared:
+            link.channel.queue(f"M|{base}|{op.buf.numel()}")
+            link.declared.add(base)
+        self._stamp(link)
+        link.channel.queue(encode("S", op.ch, op.key, op.seq, base))
+        op.announced_at = time.perf_counter()
+
+    def _stamp(self, link: Link) -> None:
+        if self.stats is not None:
+            link.channel.queue(f"T|{int(time.perf_counter() * 1e9)}")
 
     def irecv(self, tensor: torch.Tensor, peer: int, ch: str) -> RecvOp:
         """Post a receive into ``tensor`` (contiguous) from ``peer`` on ``ch``."""
-        self._check()
         if not tensor.is_contiguous():
             raise ValueError("pp_rdma: receive tensors must be contiguous")
-        link = self.links[peer]
-        op = RecvOp(self, peer, ch, tensor, link.recv_seq[ch])
-        link.recv_seq[ch] += 1
-        if self.direct:
-            op.event = record_event(tensor)
-        link.recvs[(ch, op.seq)] = op
-        self.progress()  # starts the read at once if the sender already announced the bytes
+        with self._lock:
+            self._check()
+            link = self.links[peer]
+            op = RecvOp(self, peer, ch, tensor, link.recv_seq[ch])
+            op.posted_at = time.perf_counter()
+            link.recv_seq[ch] += 1
+            if self.direct:
+                op.event = record_event(tensor)
+            link.recvs[(ch, op.seq)] = op
+            self._advance(link, op)  # starts at once if the sender already announced the bytes
+            link.channel.flush()
+        if not op.done:
+            self._poke()
         return op
 
     # ---------------------------------------------------------------- waiting
     def wait(self, op: Op) -> None:
         """Drive progress until ``op`` is done, an error arrives, or the timeout passes."""
+        if op.done:
+            return
         deadline = time.monotonic() + self.timeout_s
-        nap = 1e-5
-        while True:
-            self.progress()
-            if op.done:
-                return
-            if time.monotonic() > deadline:
-                self.error = PPRdmaTimeout(self._stuck(op))
-                raise self.error
-            # Sleep between polls: a spinning poller steals the core the peer's stage (or
-            # Mooncake's own TCP threads) needs.
-            time.sleep(nap)
-            nap = min(nap * 2, _MAX_NAP_S)
+        with self._lock:
+            self._waiting += 1
+        self._poke()  # the helper thread steps aside while this thread drives
+        nap = _FIRST_NAP_S
+        try:
+            while True:
+                with self._lock:
+                    self._check()
+                    poll = self._round()
+                if op.done:
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    with self._lock:
+                        self.error = PPRdmaTimeout(self._stuck(op))
+                    raise self.error
+                if poll:  # a read in flight: only polling tells when it completes
+                    self._block(min(nap, left))
+                    nap = min(nap * 2, _MAX_NAP_S)
+                else:  # only a record from the peer can move it: sleep on the sockets
+                    self._block(min(_IDLE_S, left))
+        finally:
+            with self._lock:
+                self._waiting -= 1
+            self._resume.set()
 
     def _stuck(self, op: Op) -> str:
         if isinstance(op, SendOp):
             state = "the peer never read the tensor (no matching receive, or it died)"
-        elif op.batch_id is not None:
+        elif getattr(op, "batch_id", None) is not None:
             state = "the read of the announced tensor never completed"
         else:
             state = "the peer never announced the tensor (no data arrived)"
@@ -172,97 +226,133 @@ class MooncakeTransport:
         """Record a fatal error, tell every peer (best effort) and raise it."""
         self.error = error
         for link in self.links.values():
-            try:  # inline, not queued: the caller is about to unwind
-                self.engine.notify(link.address, self._name, encode("E", str(error)))
-            except PPRdmaError:
-                pass
+            link.channel.queue(encode("E", str(error)))
+            link.channel.flush()
         raise error
 
     # ---------------------------------------------------------------- progress
     def progress(self) -> None:
-        """Handle every arrived notification and advance every posted receive once."""
-        self._check()
+        """Handle every arrived record and advance every posted op once."""
+        with self._lock:
+            self._check()
+            self._round()
+
+    def _round(self) -> bool:
+        """One progress round (lock held); True when something must be polled, not awaited."""
+        poll = False
         for peer, link in self.links.items():
-            failed = self._notifier.errors.get(link.address.session_id)
-            if failed is not None:
-                self.error = PPRdmaError(f"pp_rdma: rank {self.rank} -> rank {peer}: {failed}")
-                raise self.error
-        for sender, batch in self.engine.poll(self.tag):
-            if int(sender) in self.links:
-                for msg in batch.split(SEPARATOR):
-                    self._on_message(int(sender), decode(msg))
+            channel = link.channel
+            for text, payload in channel.receive():
+                self._on_record(link, peer, text, payload)
+            if channel.broken or (channel.eof and link.outstanding()):
+                why = channel.broken or "closed the connection (it exited, crashed or reset)"
+                self.fail(PPRdmaError(f"pp_rdma: rank {self.rank}: pipeline rank {peer} {why}"))
         for link in self.links.values():
-            for send in [op for op in link.unannounced if op.event.query()]:
-                link.unannounced.remove(send)
-                self._announce(link, send)
+            while link.unannounced and link.unannounced[0].event.query():  # in stream order
+                self._announce(link, link.unannounced.pop(0))
             for busy in [b for b in link.busy_slots if b[0].query()]:
                 link.busy_slots.remove(busy)
                 busy[1].give_back(busy[2])
             for op in list(link.recvs.values()):
                 self._advance(link, op)
+                poll = poll or op.batch_id is not None or op.event is not None
+            link.channel.flush()
+            poll = poll or bool(link.unannounced or link.busy_slots) or link.channel.wants_write
+        now = time.monotonic()
+        if now - self._drained_at > _DRAIN_EVERY_S:
+            self._drained_at = now
+            self._drain_mooncake()
+        return poll
 
-    def _advance(self, link: Link, op: RecvOp) -> None:
-        if op.batch_id is None:
-            if op.event is not None and not op.event.query():
-                return
-            announced = link.announced.pop((op.ch, op.seq), None)
-            if announced is None:
-                return
-            key, addr = announced
-            if key != op.key:
-                stage = "previous" if op.ch == FWD else "next"
-                self.fail(
-                    PPRdmaMismatch(
-                        f"pp_rdma: rank {self.rank} expects a {CHANNEL_NAMES[op.ch]} tensor with "
-                        f"{describe_key(op.key)} from the {stage} stage (rank {op.peer}), but "
-                        f"rank {op.peer} sent {describe_key(key)}. {_SAME}"
-                    )
-                )
-            if self.direct:
-                op.buf = self.engine.register(_flat_bytes(op.tensor.detach()))
+    def _drain_mooncake(self) -> None:
+        # pp_rdma sends no Mooncake notifications: whatever arrives there came from someone else.
+        for name, msg in self.engine.drain_notifies():
+            security.reject("mooncake_notification", f"name {name[:80]!r} msg {msg[:80]!r}")
+
+    def _block(self, timeout: float) -> None:
+        """Sleep until a control socket or a poke needs us, at most ``timeout`` seconds."""
+        channels = [link.channel for link in self.links.values() if not link.channel.eof]
+        readable = [self._wake_r, *channels]
+        writable = [c for c in channels if c.wants_write]
+        try:
+            select.select(readable, writable, [], max(timeout, 0.0))
+        except (OSError, ValueError):  # a socket closed under us: the next round reports it
+            time.sleep(min(timeout, 1e-3))
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def _poke(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass
+
+    def _drive(self) -> None:
+        """The helper thread: progress while the training thread computes."""
+        nap = _FIRST_NAP_S
+        while not self._closed:
+            if self._waiting:  # the training thread drives; do not compete for the GIL
+                self._resume.wait(_IDLE_S)
+                self._resume.clear()
+                continue
+            poll = False
+            with self._lock:
+                if self._closed:
+                    break
+                if self.error is None:
+                    try:
+                        poll = self._round()
+                    except PPRdmaError:
+                        pass  # recorded in self.error; the training thread raises it
+                    except Exception as exc:  # a bug must surface, not kill progress silently
+                        self.error = PPRdmaError(f"pp_rdma: progress thread failed: {exc!r}")
+            if poll:
+                self._block(nap)
+                nap = min(nap * 2, _MAX_NAP_S * 5)
             else:
-                op.buf = self._slot(link, "recv", op)
-            sid = link.address.session_id
-            op.batch_id = self.engine.submit_read(sid, op.buf.data_ptr(), addr, op.buf.numel())
-        status = self.engine.status(op.batch_id)
-        if status == 0:
-            return
-        if status < 0:
-            self.fail(
-                PPRdmaError(
-                    f"pp_rdma: rank {self.rank}: reading the {CHANNEL_NAMES[op.ch]} tensor of "
-                    f"rank {op.peer} failed (Mooncake status {status}): the peer died or the "
-                    "link broke"
-                )
-            )
-        if op.pooled:
-            assert op.buf is not None
-            with torch.no_grad():
-                op.tensor.detach().copy_(op.buf.view(op.tensor.dtype).view(op.tensor.shape))
-            event = record_event(op.tensor)
-            if event is not None:  # the slot is busy until the device copy has read it
-                link.busy_slots.append((event, link.pools[("recv", op.ch, op.key)], op.buf))
-                op.buf = None
-        self._release(link, "recv", op)
-        del link.recvs[(op.ch, op.seq)]
-        op.done = True
-        self._notify(link, "F", op.ch, op.seq)
+                nap = _FIRST_NAP_S
+                self._block(_IDLE_S)
 
-    def _on_message(self, peer: int, fields: list[str]) -> None:
-        link = self.links[peer]
-        kind = fields[0]
-        if kind == "E":
-            self.error = PPRdmaError(f"pp_rdma: rank {peer} failed: {fields[1]}")
-            raise self.error
-        if kind == "S":
-            link.announced[(fields[1], int(fields[3]))] = (fields[2], int(fields[4]))
-        elif kind == "F":
-            op = link.sends.pop((fields[1], int(fields[2])))
-            self._release(link, "send", op)
-            op.done = True
+    def flush(self, timeout_s: float) -> bool:
+        """Send every queued record (e.g. the job's last read-done); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self._lock.acquire(timeout=max(deadline - time.monotonic(), 0)):
+                return False
+            try:
+                pending = [ln.channel for ln in self.links.values() if not ln.channel.flush()]
+            finally:
+                self._lock.release()
+            if not pending or all(c.eof for c in pending):
+                return True
+            select.select([], pending, [], 0.01)
+        return False
 
     def close(self) -> None:
-        """Forget all peers; the transport must not be used afterwards."""
-        self.links.clear()
-        self.error = PPRdmaError("pp_rdma: transport closed")
-        self.engine.close_tag(self.tag)
+        """Flush, stop the helper thread and close the connections; the transport is done."""
+        self.flush(1.0)
+        with self._lock:
+            self._closed = True
+            self.error = self.error or PPRdmaError("pp_rdma: transport closed")
+        self._poke()
+        self._resume.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
+        with self._lock:
+            for link in self.links.values():
+                link.channel.close()
+            self.links = {}
+        self._wake_r.close()
+        self._wake_w.close()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    # The last "read done" of a job must still reach its sender, or the sender's final send
+    # never completes: drain what is queued before the interpreter exits.
+    for transport in list(_LIVE):
+        if not transport._closed:
+            transport.flush(5.0)
