@@ -18,7 +18,14 @@ STEPS, MICROBATCHES = 2, 4
 MOONCAKE = probe_mooncake()
 needs_mooncake = pytest.mark.skipif(not MOONCAKE.available, reason=MOONCAKE.detail)
 TORCH_ENV = {"TITAN_PP_RDMA_BACKEND": "torch"}
-MOONCAKE_ENV = {"TITAN_PP_RDMA_BACKEND": "mooncake", "TITAN_PP_RDMA_TIMEOUT_S": "60"}
+# The tiny GPT's pipeline tensors (16 x 2 x 64 float32, 8 KiB) would travel inline by default:
+# INLINE_BYTES=0 sends every one through a Mooncake read, the path device tensors take.
+MOONCAKE_ENV = {
+    "TITAN_PP_RDMA_BACKEND": "mooncake",
+    "TITAN_PP_RDMA_TIMEOUT_S": "60",
+    "TITAN_PP_RDMA_INLINE_BYTES": "0",
+}
+INLINE_ENV = {**MOONCAKE_ENV, "TITAN_PP_RDMA_INLINE_BYTES": "64K"}
 RING_ENV = {**MOONCAKE_ENV, "TITAN_PP_RDMA_BUFFERS": "ring"}  # the RDMA default, over TCP here
 
 
@@ -119,6 +126,7 @@ def test_pp2_vpp2_mooncake_fixes_batched_order_and_overlap_free(gloo_pool2: Any)
     assert_identical(
         _run(gloo_pool2, 2, 2, MOONCAKE_ENV, REFERENCE), ref, "VPP unbatched, Mooncake"
     )
+    assert_identical(_run(gloo_pool2, 2, 2, INLINE_ENV, OVERLAP), ref, "VPP overlap, inline")
     variable = dict(BATCHED, variable_seq_lengths=True)  # shapes exchanged per message
     assert_identical(_run(gloo_pool2, 2, 2, MOONCAKE_ENV, variable), ref, "VPP variable seq")
     ring = _run(gloo_pool2, 2, 2, RING_ENV, OVERLAP)

@@ -30,6 +30,7 @@ ENV = {
     # ring slots stay registered for the whole run, so the attacker always finds an address
     # Mooncake accepts its notifications for
     "TITAN_PP_RDMA_BUFFERS": "ring",
+    "TITAN_PP_RDMA_INLINE_BYTES": "0",
 }
 CONFIG = dict(batch_p2p_comm=False, overlap_p2p_comm=True, deallocate_pipeline_outputs=True)
 STEPS = 3

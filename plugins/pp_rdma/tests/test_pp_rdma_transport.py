@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import socket
+import time
 
 import pytest
 import torch
@@ -24,7 +25,7 @@ from titan_pp_rdma.ops import Link
 from titan_pp_rdma.transport import MooncakeTransport
 from titan_pp_rdma.wire import BWD, FWD
 
-INLINE = transport_mod.INLINE_BYTES
+INLINE = 64 << 10  # the default TITAN_PP_RDMA_INLINE_BYTES
 
 
 class FakeEngine:
@@ -255,3 +256,58 @@ def test_mooncake_notifications_are_drained_and_counted() -> None:
     a._drained_at = 0.0
     a.progress()
     assert security.rejected()["mooncake_notification"] == before + 5
+
+
+def test_the_listener_accepts_only_proven_neighbours() -> None:
+    """Set-up under attack: garbage, an absurd length, forged and wrong-session hellos, silent
+    and surplus connections reach the listener before the real neighbour; only it gets in."""
+    import struct
+    import threading
+
+    from titan_pp_rdma import channel
+
+    listener = channel.open_listener("127.0.0.1")
+    host, port = listener.getsockname()[:2]
+    assert host == "127.0.0.1"
+    rogues: list[socket.socket] = []
+
+    def attack() -> None:
+        for payload in (
+            b"\x00garbage" * 40,
+            struct.pack("!I", 1 << 31) + b"x" * 32,
+            struct.pack("!I", 16) + b"\0\x0c\0\0\0\0H|t|0|1" + b"\0" * 16,  # no valid MAC
+        ):
+            s = socket.create_connection((host, port))
+            s.sendall(payload)
+            rogues.append(s)
+        other = security.session_key(b"k" * 32, "another session")
+        rogues.append(channel.connect(host, port, other, 0, 1, "t", 5.0).sock)
+        for _ in range(channel.MAX_PENDING + 4):  # silent, and more than the listener holds
+            rogues.append(socket.create_connection((host, port)))
+
+    before = security.rejected().get("unauthenticated_connection", 0)
+    result: dict = {}
+    acceptor = threading.Thread(
+        target=lambda: result.update(got=channel.accept(listener, KEY, 1, "t", {0}, 30.0))
+    )
+    acceptor.start()
+    attack()
+    real = channel.connect(host, port, KEY, 0, 1, "t", 30.0)
+    real.queue("F|f|0")  # sent right behind the hello: must not be lost
+    assert real.flush()
+    acceptor.join(60)
+    listener.close()
+    got = result["got"]
+    assert set(got) == {0}
+    records = []
+    for _ in range(100):
+        records += got[0].receive()
+        if records:
+            break
+        time.sleep(0.01)
+    assert [text for text, _ in records] == ["F|f|0"]
+    assert security.rejected()["unauthenticated_connection"] - before >= 4
+    for s in rogues:
+        s.close()
+    got[0].close()
+    real.close()

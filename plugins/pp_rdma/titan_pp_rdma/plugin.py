@@ -89,9 +89,9 @@ def titan_register_patches(register: Callable[[Patch], None]) -> None:
 @hookimpl
 def titan_settings() -> list[Any]:
     """The ``TITAN_PP_RDMA_*`` knobs."""
-    from titan_pp_rdma.settings import declared
+    from titan_pp_rdma.settings import SETTINGS
 
-    return declared()
+    return list(SETTINGS)
 
 
 @hookimpl

@@ -199,6 +199,7 @@ def _mooncake_session(
         direct=buffers == "direct",
         timeout_s=settings.timeout_s,
         device=_device(),
+        inline_bytes=settings.inline_bytes,
     )
     why = f"mooncake {engine.protocol}, {buffers} buffers ({engine.metadata})"
     return Session(ranks, transport, why, settings)

@@ -5,8 +5,8 @@ Mooncake and announces them to the receiver (``S|ch|key|seq|addr`` on the authen
 connection, see ``channel.py``); the receiver, once its receive is posted, checks shape and dtype
 against its own and that the address lies in memory the sender registered for this session,
 reads the bytes with one one-sided Mooncake read (RDMA READ on a NIC) and answers ``F`` so the
-sender may reuse the memory. Tensors up to ``INLINE_BYTES`` on the CPU travel inside the
-announce itself (one message, no transfer, the send completes at once).
+sender may reuse the memory. CPU tensors up to ``TITAN_PP_RDMA_INLINE_BYTES`` travel inside
+the announce itself (one message, no transfer, the send completes at once).
 
 Buffers (``TITAN_PP_RDMA_BUFFERS``), chosen by each side independently:
 - ``ring``: registered slots per (peer, channel, shape, dtype), reused across microbatches; the
@@ -42,7 +42,6 @@ from titan_pp_rdma.ops import Link, Op, RecvOp, SendOp
 from titan_pp_rdma.protocol import ProtocolMixin, flat_bytes
 from titan_pp_rdma.wire import CHANNEL_NAMES, describe_key, encode
 
-INLINE_BYTES = 64 << 10  # CPU tensors up to this size travel inside their announce
 _FIRST_NAP_S = 1e-5
 _MAX_NAP_S = 1e-4  # a waiting rank polls a read in flight at least this often
 _IDLE_S = 0.5  # the helper thread's longest sleep when only a socket can wake it
@@ -63,10 +62,11 @@ class MooncakeTransport(ProtocolMixin):
         direct: bool,
         timeout_s: float,
         device: torch.device,
+        inline_bytes: int = 64 << 10,
         background: bool = True,
     ) -> None:
         self.engine, self.rank, self.tag, self.direct = engine, rank, tag, direct
-        self.timeout_s, self.device = timeout_s, device
+        self.timeout_s, self.device, self.inline_bytes = timeout_s, device, inline_bytes
         self.reg_local = getattr(engine, "protocol", "tcp") != "tcp"
         self.links = links
         self.error: PPRdmaError | None = None
@@ -99,7 +99,7 @@ class MooncakeTransport(ProtocolMixin):
         """Post a send of ``tensor`` to ``peer`` on ``ch``; the caller may free it at once."""
         tensor = tensor.detach()
         nbytes = tensor.numel() * tensor.element_size()
-        inline = tensor.device.type == "cpu" and nbytes <= INLINE_BYTES
+        inline = tensor.device.type == "cpu" and nbytes <= self.inline_bytes
         payload = flat_bytes(tensor.contiguous()).numpy().tobytes() if inline else b""
         with self._lock:
             self._check()
