@@ -98,7 +98,7 @@ def pair_main(scenario: str, rank: int, port: int) -> None:
     """One rank of the pair (run as a script); prints one JSON line, then exits hard."""
     import torch
     import torch.distributed as dist
-    from titan_pp_rdma.session import open_session
+    from titan_pp_rdma.session import _engine, open_session
     from titan_pp_rdma.settings import PPRdmaSettings
     from titan_pp_rdma.wire import BWD, FWD
 
@@ -108,6 +108,8 @@ def pair_main(scenario: str, rank: int, port: int) -> None:
     timeout_s = 30.0 if scenario == "exchange" else TIMEOUT_S  # only the failures need it short
     settings = PPRdmaSettings(backend="mooncake", timeout_s=timeout_s, metadata=metadata)
     result: dict[str, Any] = {"rank": rank}
+    if scenario != "never_joins" or rank == 0:
+        _engine(settings)  # set up before the clock starts: only the waits are timed
     start = time.monotonic()
     try:
         if scenario == "exchange":  # both directions at once, as a PP=2 stage pair does

@@ -19,10 +19,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ipaddress
+import mmap
 import os
 import socket
 import struct
 from collections.abc import Iterator
+from typing import Any
 
 _AF_INET, _AF_INET6 = socket.AF_INET, socket.AF_INET6
 _RELOCS = {62: (6, 7), 183: (1025, 1026)}  # e_machine: (GLOB_DAT, JUMP_SLOT), x86-64 / aarch64
@@ -37,8 +39,21 @@ class BindGuardError(RuntimeError):
 
 def _import_slots(path: str, symbol: str) -> list[int]:
     """Offsets (from the load base) of the GOT slots through which ``path`` calls ``symbol``."""
-    with open(path, "rb") as f:
-        data = f.read()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return _find_slots(path, data, symbol.encode())
+
+
+def _aligned_find(data: Any, needle: bytes, start: int, end: int, entry: int, at: int) -> list[int]:
+    """Offsets of ``needle`` in ``data[start:end]`` that sit at byte ``at`` of an entry."""
+    found, pos = [], data.find(needle, start, end)
+    while pos != -1:
+        if (pos - start) % entry == at:
+            found.append(pos - at)
+        pos = data.find(needle, pos + 1, end)
+    return found
+
+
+def _find_slots(path: str, data: Any, symbol: bytes) -> list[int]:
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise BindGuardError(f"{path}: not a 64-bit little-endian ELF file")
     machine = struct.unpack_from("<H", data, 18)[0]
@@ -50,20 +65,29 @@ def _import_slots(path: str, symbol: str) -> list[int]:
         struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)
     ]
     slots = []
-    for _, sh_type, _, _, offset, size, link, _, _, _ in sections:
-        if sh_type != 4 or sections[link][1] != 11:  # SHT_RELA against the SHT_DYNSYM table
+    for dynsym_index, dynsym in enumerate(sections):
+        if dynsym[1] != 11:  # SHT_DYNSYM: 24-byte entries, st_name first
             continue
-        symtab = sections[link]
-        strtab_offset = sections[symtab[6]][4]
-        for pos in range(offset, offset + size, 24):
-            r_offset, r_info = struct.unpack_from("<QQ", data, pos)
-            if r_info & 0xFFFFFFFF not in _RELOCS[machine]:
-                continue
-            name_offset = struct.unpack_from("<I", data, symtab[4] + (r_info >> 32) * 24)[0]
-            start = strtab_offset + name_offset
-            if data[start : data.index(b"\0", start)] == symbol.encode():
-                slots.append(r_offset)
-    return slots
+        strtab = sections[dynsym[6]]
+        # Every place the name could start (linkers share string tails: "bind" may be the end
+        # of a longer name), then the symbols whose st_name is one of them.
+        entries = [
+            entry
+            for at in _aligned_find(data, symbol + b"\0", strtab[4], strtab[4] + strtab[5], 1, 0)
+            for entry in _aligned_find(
+                data, struct.pack("<I", at - strtab[4]), dynsym[4], dynsym[4] + dynsym[5], 24, 0
+            )
+        ]
+        for entry in entries:
+            index = (entry - dynsym[4]) // 24
+            for sh in sections:
+                if sh[1] != 4 or sh[6] != dynsym_index:  # SHT_RELA against this table
+                    continue
+                for rel_type in _RELOCS[machine]:  # Elf64_Rela: r_offset, r_info, r_addend
+                    needle = struct.pack("<Q", index << 32 | rel_type)
+                    for rela in _aligned_find(data, needle, sh[4], sh[4] + sh[5], 24, 8):
+                        slots.append(struct.unpack_from("<Q", data, rela)[0])
+    return sorted(slots)
 
 
 def _load_base(path: str) -> int:

@@ -55,6 +55,7 @@ class RecvOp(Op):
         self.nbytes = 0
         self.posted_at = 0.0
         self.read_at = 0.0  # when the read was submitted
+        self.due = 0.0  # when polling it is first worth it
         self.polled_at = 0.0  # last poll that found it still pending
         # direct mode on a GPU: kernels queued before the post may still use this memory (the
         # caching allocator recycles it stream-ordered); a NIC write is not stream-ordered.

@@ -20,6 +20,7 @@ from titan_pp_rdma.ops import Link, RecvOp, SendOp
 from titan_pp_rdma.wire import CHANNEL_NAMES, CHANNELS, FWD, decode, describe_key, key_nbytes
 
 MAX_REGIONS = 1 << 16  # memory regions a peer may declare at once
+READ_LATENCY_S = 3e-5  # a read's fixed cost on loopback TCP, for predicting when it ends
 MAX_AHEAD = 1 << 12  # announces a peer may send before this rank posted the receives
 _SAME = (
     "Both stages must use the same seq_length, micro_batch_size, hidden_size and pipeline_dtype "
@@ -153,6 +154,9 @@ class ProtocolMixin:
         if self.stats is not None:
             self.stats.add("transfer", now - op.read_at)
             self.stats.add("poll_lag", now - max(op.polled_at, op.read_at))
+        if op.nbytes >= 1 << 18:
+            sample = max(now - op.read_at - READ_LATENCY_S, 0.0) / op.nbytes
+            self.seconds_per_byte = 0.7 * self.seconds_per_byte + 0.3 * sample
         if op.pooled:
             self._timed("stage_copy", self._copy_out, link, op)
         elif op.buf is not None:
@@ -171,6 +175,9 @@ class ProtocolMixin:
             op.buf = self._slot(link, "recv", op)
             local = op.buf.data_ptr()
         op.read_at = time.perf_counter()
+        # Polling a read before it can have finished only steals the core it needs: the first
+        # poll waits for most of its predicted time (``seconds_per_byte`` is learned below).
+        op.due = op.read_at + 0.75 * (READ_LATENCY_S + op.nbytes * self.seconds_per_byte)
         op.batch_id = self.engine.submit_read(link.segment, local, addr, op.nbytes)
 
     def _copy_inline(self, op: RecvOp, payload: memoryview) -> None:
@@ -208,3 +215,4 @@ class ProtocolMixin:
         raise NotImplementedError
 
     reg_local: bool = True
+    seconds_per_byte: float = 1 / 2e9  # learned from completed reads

@@ -16,40 +16,38 @@ Buffers (``TITAN_PP_RDMA_BUFFERS``), chosen by each side independently:
   cannot free it in flight) is registered per op and the read lands in the receive tensor: no
   copies (the TCP default: registration costs microseconds there).
 
-Progress: a helper thread per transport handles arriving records, starts reads and answers
-``F`` while the training thread computes (so transfers overlap compute); a ``wait`` drives
-progress itself (no thread hand-off on the critical path) and sleeps in ``select`` on the
-control sockets between polls of Mooncake's completion status (Mooncake's own synchronous calls
-busy-poll a core).
+Progress (``driver.py``): a helper thread answers while the training thread computes; a
+``wait`` drives progress itself and sleeps in ``select`` between polls of Mooncake's completion
+status (Mooncake's own synchronous calls busy-poll a core).
 """
 
 from __future__ import annotations
 
-import atexit
-import select
-import socket
 import threading
 import time
-import weakref
 from typing import Any
 
 import torch
 
 from titan_pp_rdma import security
 from titan_pp_rdma.buffers import SlotPool, record_event
+from titan_pp_rdma.driver import (
+    FINE_SLACK_NS,
+    FIRST_NAP_S,
+    IDLE_S,
+    MAX_NAP_S,
+    DriverMixin,
+    timer_slack,
+)
 from titan_pp_rdma.errors import PPRdmaError, PPRdmaTimeout
 from titan_pp_rdma.ops import Link, Op, RecvOp, SendOp
 from titan_pp_rdma.protocol import ProtocolMixin, flat_bytes
 from titan_pp_rdma.wire import CHANNEL_NAMES, describe_key, encode
 
-_FIRST_NAP_S = 1e-5
-_MAX_NAP_S = 1e-4  # a waiting rank polls a read in flight at least this often
-_IDLE_S = 0.5  # the helper thread's longest sleep when only a socket can wake it
 _DRAIN_EVERY_S = 0.05
-_LIVE: weakref.WeakSet[MooncakeTransport] = weakref.WeakSet()
 
 
-class MooncakeTransport(ProtocolMixin):
+class MooncakeTransport(ProtocolMixin, DriverMixin):
     """Async point-to-point tensor transport between this rank and its pipeline neighbours."""
 
     def __init__(
@@ -72,20 +70,8 @@ class MooncakeTransport(ProtocolMixin):
         self.error: PPRdmaError | None = None
         self.stats: Any = None  # a stats.PhaseStats to time every phase (benchmarks)
         self._lock = threading.RLock()
-        self._waiting = 0
-        self._resume = threading.Event()
-        self._closed = False
         self._drained_at = 0.0
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._thread: threading.Thread | None = None
-        if background:
-            self._thread = threading.Thread(
-                target=self._drive, name=f"pp_rdma-progress-{rank}", daemon=True
-            )
-            self._thread.start()
-        _LIVE.add(self)
+        self._start_driver(background, rank)
 
     def _slot(self, link: Link, role: str, op: Op) -> torch.Tensor:
         pool = link.pools.get((role, op.ch, op.key))
@@ -180,12 +166,13 @@ class MooncakeTransport(ProtocolMixin):
         with self._lock:
             self._waiting += 1
         self._poke()  # the helper thread steps aside while this thread drives
-        nap = _FIRST_NAP_S
+        nap = FIRST_NAP_S
+        slack = timer_slack(FINE_SLACK_NS)
         try:
             while True:
                 with self._lock:
                     self._check()
-                    poll = self._round()
+                    due = self._round()
                 if op.done:
                     return
                 left = deadline - time.monotonic()
@@ -193,12 +180,19 @@ class MooncakeTransport(ProtocolMixin):
                     with self._lock:
                         self.error = PPRdmaTimeout(self._stuck(op))
                     raise self.error
-                if poll:  # a read in flight: only polling tells when it completes
+                if due is None:  # only a record from the peer can move it: sleep on the sockets
+                    self._block(min(IDLE_S, left))
+                    continue
+                early = due - time.perf_counter()
+                if early > nap:  # a transfer that cannot be done yet: sleep most of it
+                    self._block(min(early, left))
+                    nap = FIRST_NAP_S
+                else:  # about due: poll with short, growing naps
                     self._block(min(nap, left))
-                    nap = min(nap * 2, _MAX_NAP_S)
-                else:  # only a record from the peer can move it: sleep on the sockets
-                    self._block(min(_IDLE_S, left))
+                    nap = min(nap * 2, MAX_NAP_S)
         finally:
+            if slack is not None:
+                timer_slack(slack)
             with self._lock:
                 self._waiting -= 1
             self._resume.set()
@@ -237,9 +231,13 @@ class MooncakeTransport(ProtocolMixin):
             self._check()
             self._round()
 
-    def _round(self) -> bool:
-        """One progress round (lock held); True when something must be polled, not awaited."""
-        poll = False
+    def _round(self) -> float | None:
+        """One progress round (lock held).
+
+        :return: when (``perf_counter``) something must be polled next, or None when only a
+            record from a peer can bring news.
+        """
+        due = None
         for peer, link in self.links.items():
             channel = link.channel
             for text, payload in channel.receive():
@@ -255,104 +253,34 @@ class MooncakeTransport(ProtocolMixin):
                 busy[1].give_back(busy[2])
             for op in list(link.recvs.values()):
                 self._advance(link, op)
-                poll = poll or op.batch_id is not None or op.event is not None
+                if op.done:
+                    continue
+                if op.batch_id is not None:  # a read in flight: poll around its predicted end
+                    due = op.due if due is None else min(due, op.due)
+                elif op.event is not None:
+                    due = 0.0
             link.channel.flush()
-            poll = poll or bool(link.unannounced or link.busy_slots) or link.channel.wants_write
+            if link.unannounced or link.busy_slots or link.channel.wants_write:
+                due = 0.0
         now = time.monotonic()
         if now - self._drained_at > _DRAIN_EVERY_S:
             self._drained_at = now
             self._drain_mooncake()
-        return poll
+        return due
 
     def _drain_mooncake(self) -> None:
         # pp_rdma sends no Mooncake notifications: whatever arrives there came from someone else.
         for name, msg in self.engine.drain_notifies():
             security.reject("mooncake_notification", f"name {name[:80]!r} msg {msg[:80]!r}")
 
-    def _block(self, timeout: float) -> None:
-        """Sleep until a control socket or a poke needs us, at most ``timeout`` seconds."""
-        channels = [link.channel for link in self.links.values() if not link.channel.eof]
-        readable = [self._wake_r, *channels]
-        writable = [c for c in channels if c.wants_write]
-        try:
-            select.select(readable, writable, [], max(timeout, 0.0))
-        except (OSError, ValueError):  # a socket closed under us: the next round reports it
-            time.sleep(min(timeout, 1e-3))
-        try:
-            while self._wake_r.recv(4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
-
-    def _poke(self) -> None:
-        try:
-            self._wake_w.send(b"\0")
-        except (BlockingIOError, OSError):
-            pass
-
-    def _drive(self) -> None:
-        """The helper thread: progress while the training thread computes."""
-        nap = _FIRST_NAP_S
-        while not self._closed:
-            if self._waiting:  # the training thread drives; do not compete for the GIL
-                self._resume.wait(_IDLE_S)
-                self._resume.clear()
-                continue
-            poll = False
-            with self._lock:
-                if self._closed:
-                    break
-                if self.error is None:
-                    try:
-                        poll = self._round()
-                    except PPRdmaError:
-                        pass  # recorded in self.error; the training thread raises it
-                    except Exception as exc:  # a bug must surface, not kill progress silently
-                        self.error = PPRdmaError(f"pp_rdma: progress thread failed: {exc!r}")
-            if poll:
-                self._block(nap)
-                nap = min(nap * 2, _MAX_NAP_S * 5)
-            else:
-                nap = _FIRST_NAP_S
-                self._block(_IDLE_S)
-
-    def flush(self, timeout_s: float) -> bool:
-        """Send every queued record (e.g. the job's last read-done); False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not self._lock.acquire(timeout=max(deadline - time.monotonic(), 0)):
-                return False
-            try:
-                pending = [ln.channel for ln in self.links.values() if not ln.channel.flush()]
-            finally:
-                self._lock.release()
-            if not pending or all(c.eof for c in pending):
-                return True
-            select.select([], pending, [], 0.01)
-        return False
-
     def close(self) -> None:
         """Flush, stop the helper thread and close the connections; the transport is done."""
         self.flush(1.0)
         with self._lock:
-            self._closed = True
             self.error = self.error or PPRdmaError("pp_rdma: transport closed")
-        self._poke()
-        self._resume.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2.0)
+        self._stop_driver()
         with self._lock:
             for link in self.links.values():
                 link.channel.close()
             self.links = {}
-        self._wake_r.close()
-        self._wake_w.close()
-
-
-@atexit.register
-def _flush_at_exit() -> None:
-    # The last "read done" of a job must still reach its sender, or the sender's final send
-    # never completes: drain what is queued before the interpreter exits.
-    for transport in list(_LIVE):
-        if not transport._closed:
-            transport.flush(5.0)
+        self._close_wakeup()
