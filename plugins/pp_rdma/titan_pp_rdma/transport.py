@@ -242,9 +242,14 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
             channel = link.channel
             for text, payload in channel.receive():
                 self._on_record(link, peer, text, payload)
-            if channel.broken or (channel.eof and link.outstanding()):
+            if channel.broken or channel.eof:
                 why = channel.broken or "closed the connection (it exited, crashed or reset)"
-                self.fail(PPRdmaError(f"pp_rdma: rank {self.rank}: pipeline rank {peer} {why}"))
+                error = PPRdmaError(f"pp_rdma: rank {self.rank}: pipeline rank {peer} {why}")
+                if channel.broken or link.outstanding():
+                    self.fail(error)
+                # Nothing waits on it (e.g. the peer ended its job): the session is over, the
+                # next op or session lookup sees why.
+                self.error = self.error or error
         for link in self.links.values():
             while link.unannounced and link.unannounced[0].event.query():  # in stream order
                 self._announce(link, link.unannounced.pop(0))
