@@ -259,6 +259,10 @@ def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
     runs = {
         "gloo (plugin off)": None,
         "mooncake": {"TITAN_PP_RDMA_BACKEND": "mooncake"},
+        "mooncake, reads only": {
+            "TITAN_PP_RDMA_BACKEND": "mooncake",
+            "TITAN_PP_RDMA_INLINE_BYTES": "0",  # every tensor through a Mooncake read
+        },
         "torch fallback (plugin on)": {"TITAN_PP_RDMA_BACKEND": "torch"},
     }
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -270,7 +274,13 @@ def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
                 times[name].append(max(r["s_per_step"] for r in out))
                 losses[name] = out[1]["losses"]
     base = statistics.median(times["gloo (plugin off)"])
-    print(f"\n4. PP=2 x VPP=2 tiny GPT (hidden {hidden}, 8 microbatches), median of {reps}:")
+    from titan_plugins.testing import tiny_gpt
+
+    kib = tiny_gpt.SEQ * tiny_gpt.MBS * hidden * 4 >> 10
+    print(
+        f"\n4. PP=2 x VPP=2 tiny GPT (hidden {hidden}, {kib} KiB per pipeline message, "
+        f"8 microbatches), median of {reps}:"
+    )
     for name in runs:
         t = statistics.median(times[name])
         same = "same losses" if losses[name] == losses["gloo (plugin off)"] else "LOSSES DIFFER"

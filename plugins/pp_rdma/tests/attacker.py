@@ -29,8 +29,8 @@ import struct
 import sys
 import time
 
-SEQS = 64  # forged announces cover the next sequence numbers of the running job
-FLOOD = 300  # notifications for unknown sessions: the victim must not keep them all
+SEQS = 32  # forged announces cover the next sequence numbers of the running job
+FLOOD = 100  # notifications for unknown sessions: the victim must not keep them all
 
 
 def notifications(tag_names: list[str], keys: list[str], addr: int) -> list[tuple[str, str]]:

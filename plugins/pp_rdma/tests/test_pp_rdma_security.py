@@ -132,7 +132,7 @@ def attacked_train_task(attack: bool) -> dict:
                     [sys.executable, ATTACKER, json.dumps(_victims(cfg))],
                     capture_output=True,
                     text=True,
-                    timeout=180,
+                    timeout=400,
                     env={**os.environ, "MC_LOG_LEVEL": "ERROR"},
                 )
                 lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
@@ -145,8 +145,8 @@ def attacked_train_task(attack: bool) -> dict:
 
 
 def test_forged_notifications_do_not_disturb_training(gloo_pool2: Any) -> None:
-    clean = gloo_pool2.run(attacked_train_task, False, timeout=300)
-    attacked = gloo_pool2.run(attacked_train_task, True, timeout=300)
+    clean = gloo_pool2.run(attacked_train_task, False, timeout=600)
+    attacked = gloo_pool2.run(attacked_train_task, True, timeout=600)
     attacker = attacked[0]["attacker"]
     assert isinstance(attacker, dict), attacker
     # The attack reached the victims (else this test proves nothing).

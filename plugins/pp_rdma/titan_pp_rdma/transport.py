@@ -153,8 +153,8 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
             link.recvs[(ch, op.seq)] = op
             self._advance(link, op)  # starts at once if the sender already announced the bytes
             link.channel.flush()
-        if not op.done:
-            self._poke()
+        if not op.done and (op.batch_id is not None or op.event is not None):
+            self._poke()  # something to poll: the helper thread must not sleep on sockets only
         return op
 
     # ---------------------------------------------------------------- waiting
@@ -164,8 +164,7 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
             return
         deadline = time.monotonic() + self.timeout_s
         with self._lock:
-            self._waiting += 1
-        self._poke()  # the helper thread steps aside while this thread drives
+            self._waiting += 1  # the helper thread steps aside (when it next wakes) meanwhile
         nap = FIRST_NAP_S
         slack = timer_slack(FINE_SLACK_NS)
         try:
