@@ -21,6 +21,7 @@ from titan_pp_rdma.wire import CHANNEL_NAMES, CHANNELS, FWD, decode, describe_ke
 
 MAX_REGIONS = 1 << 16  # memory regions a peer may declare at once
 READ_LATENCY_S = 3e-5  # a read's fixed cost on loopback TCP, for predicting when it ends
+MIN_POLL_S = 2e-5  # shortest gap between two polls of one read
 MAX_AHEAD = 1 << 12  # announces a peer may send before this rank posted the receives
 _SAME = (
     "Both stages must use the same seq_length, micro_batch_size, hidden_size and pipeline_dtype "
@@ -142,6 +143,7 @@ class ProtocolMixin:
         now = time.perf_counter()
         if status == 0:
             op.polled_at = now
+            op.due = now + max(MIN_POLL_S, 0.02 * op.predicted)
             return
         if status < 0:
             self.fail(
@@ -155,14 +157,29 @@ class ProtocolMixin:
             self.stats.add("transfer", now - op.read_at)
             self.stats.add("poll_lag", now - max(op.polled_at, op.read_at))
         if op.nbytes >= 1 << 18:
-            sample = max(now - op.read_at - READ_LATENCY_S, 0.0) / op.nbytes
-            self.seconds_per_byte = 0.7 * self.seconds_per_byte + 0.3 * sample
+            self._learn_rate(op, now)
         if op.pooled:
             self._timed("stage_copy", self._copy_out, link, op)
         elif op.buf is not None:
             self._timed("register", self.engine.unregister, op.buf)
         op.buf = None
         self._finish(link, op, read_done=True)
+
+    def _learn_rate(self, op: RecvOp, now: float) -> None:
+        """Update ``seconds_per_byte`` from a completed read.
+
+        Only a read that some poll saw still pending tells its duration (it ended between that
+        poll and this one). One that was already done at its first poll may have ended long
+        before: learning that would push the next first poll later and the estimate up with
+        it, so the estimate only shrinks then, until polls see reads pending again.
+        """
+        if op.polled_at > op.read_at:
+            end = (op.polled_at + now) / 2
+            sample = max(end - op.read_at - READ_LATENCY_S, 0.0) / op.nbytes
+            rate = 0.5 * self.seconds_per_byte + 0.5 * sample
+        else:
+            rate = 0.7 * self.seconds_per_byte
+        self.seconds_per_byte = min(max(rate, 1 / 100e9), 1 / 0.1e9)
 
     def _start_read(self, link: Link, op: RecvOp, addr: int) -> None:
         op.nbytes = op.tensor.numel() * op.tensor.element_size()
@@ -176,8 +193,10 @@ class ProtocolMixin:
             local = op.buf.data_ptr()
         op.read_at = time.perf_counter()
         # Polling a read before it can have finished only steals the core it needs: the first
-        # poll waits for most of its predicted time (``seconds_per_byte`` is learned below).
-        op.due = op.read_at + 0.75 * (READ_LATENCY_S + op.nbytes * self.seconds_per_byte)
+        # poll waits for most of its predicted time (``seconds_per_byte`` is learned below),
+        # later ones come every 2% of it (at least MIN_POLL_S).
+        op.predicted = READ_LATENCY_S + op.nbytes * self.seconds_per_byte
+        op.due = op.read_at + 0.75 * op.predicted
         op.batch_id = self.engine.submit_read(link.segment, local, addr, op.nbytes)
 
     def _copy_inline(self, op: RecvOp, payload: memoryview) -> None:
