@@ -2,9 +2,11 @@
 
 Prints, each against gloo measured in the same run (ratio > 1: pp_rdma faster; goal >= 1.0 from
 256 KiB to 64 MiB and for the PP=2 x VPP=2 step):
-1. one way on loopback: one message, from posting to landed, for gloo, pp_rdma, and Mooncake's
-   own raw read and write of the same bytes between the same processes (no control messages:
-   the ceiling any protocol over Mooncake's TCP transport can reach);
+1. one way on loopback: one message, from posting to landed (the receiver's completion; the
+   initiator's for a raw write, whose completion Mooncake reports once applied at the peer), for
+   gloo, pp_rdma, and Mooncake's own raw read and write of the same bytes between the same
+   processes (no control messages: the ceiling any protocol over Mooncake's TCP transport
+   reaches);
 2. ping-pong: one message and a one-element reply (the issue's metric), and streaming:
    ``--window`` messages posted together then waited (as the interleaved schedule posts its P2P
    under ``overlap_p2p_comm``);
@@ -48,12 +50,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _span(t0: float, t1: float) -> float:
-    """Later start to later end over both ranks (one monotonic clock per host)."""
+def _span(t0: float, t1: float, end_rank: int | None = None) -> float:
+    """Later start to later end over both ranks (one monotonic clock per host), or to
+    ``end_rank``'s end (the rank that knows the bytes landed)."""
     both = torch.tensor([t0, t1], dtype=torch.float64)
     gathered = [torch.empty_like(both) for _ in range(2)]
     dist.all_gather(gathered, both)
-    return max(g[1].item() for g in gathered) - max(g[0].item() for g in gathered)
+    ends = [g[1].item() for g in gathered]
+    end = max(ends) if end_rank is None else ends[end_rank]
+    return end - max(g[0].item() for g in gathered)
 
 
 class Raw:
@@ -150,7 +155,9 @@ def _loopback_worker(rank: int, port: int, sizes: list[int], reps: int, window: 
                 dist.barrier()
                 t0 = time.perf_counter()
                 _one_way(name, tr, raw, x1, y1)
-                times.setdefault((name, nbytes, 0), []).append(_span(t0, time.perf_counter()))
+                lander = 0 if name == "raw write" else 1  # whose completion means "landed"
+                span = _span(t0, time.perf_counter(), lander)
+                times.setdefault((name, nbytes, 0), []).append(span)
         for w in (1, window):
             x = torch.full((w, nbytes // 4), float(rank))
             y = torch.empty(w, nbytes // 4)

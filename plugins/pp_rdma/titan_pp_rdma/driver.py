@@ -1,11 +1,15 @@
-"""How a transport makes progress: a helper thread, and sleeping between polls.
+"""How a transport makes progress: the waiting thread drives, a helper ticks meanwhile.
 
-A helper thread per transport handles arriving records, starts reads and answers read-done
-while the training thread computes, so transfers overlap compute. A ``wait`` drives progress
-itself instead (no thread hand-off on the critical path) and the helper steps aside meanwhile.
-Both sleep in ``select`` on the control sockets and a wake-up socket, so a record wakes them at
-once; only a Mooncake transfer in flight has to be polled, with short naps whose timer slack is
-lowered (the kernel's default 50 us slack turned a 10 us nap into ~70 us).
+A ``wait`` drives progress itself: it sleeps in ``select`` on the control sockets, so a record
+wakes it at once, and polls a Mooncake transfer in flight only around its predicted end, with
+short naps whose timer slack is lowered (the kernel's default 50 us slack turned a 10 us nap
+into ~70 us). Every post (``isend`` / ``irecv``) runs a progress round too.
+
+While the training thread computes with ops outstanding, a helper thread runs a round every
+``TICK_S`` (sooner when a transfer is due), so reads start and read-done answers go out during
+compute. It never sleeps on the control sockets: two threads woken by the same record would
+fight over the GIL on the critical path (that doubled a small round trip); it parks while a
+``wait`` drives and while nothing is outstanding.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from titan_pp_rdma.errors import PPRdmaError
 FIRST_NAP_S = 1e-5
 MAX_NAP_S = 1e-4  # a waiting rank polls a transfer in flight at least this often
 IDLE_S = 0.5  # longest sleep when only a socket can bring news
+TICK_S = 1e-3  # the helper's round interval while ops are outstanding
 FINE_SLACK_NS = 1000
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 _LIBC: Any = None
@@ -59,6 +64,7 @@ class DriverMixin:
 
     def _start_driver(self, background: bool, rank: int) -> None:
         self._waiting = 0
+        self._idle = True  # the helper sleeps until poked (nothing outstanding)
         self._resume = threading.Event()
         self._closed = False
         self._wake_r, self._wake_w = socket.socketpair()
@@ -72,9 +78,9 @@ class DriverMixin:
             self._thread.start()
         _LIVE.add(self)
 
-    def _block(self, timeout: float) -> None:
-        """Sleep until a control socket or a poke needs us, at most ``timeout`` seconds."""
-        channels = [link.channel for link in self.links.values() if not link.channel.eof]
+    def _block(self, timeout: float, sockets: bool = True) -> None:
+        """Sleep until a control socket (if ``sockets``) or a poke needs us, at most ``timeout``."""
+        channels = [ln.channel for ln in self.links.values() if sockets and not ln.channel.eof]
         readable = [self._wake_r, *channels]
         writable = [c for c in channels if c.wants_write]
         try:
@@ -93,14 +99,25 @@ class DriverMixin:
         except (BlockingIOError, OSError):
             pass
 
+    def _wake_helper(self) -> None:
+        """Called after a post: the helper starts ticking if it was asleep."""
+        if self._idle and self._thread is not None:
+            self._idle = False
+            self._poke()
+
+    def _outstanding(self) -> bool:
+        return any(ln.outstanding() or ln.channel.wants_write for ln in self.links.values())
+
     def _drive(self) -> None:
-        """The helper thread: progress while the training thread computes."""
+        """The helper thread: a progress round every tick while the training thread computes."""
         timer_slack(FINE_SLACK_NS)
-        nap = FIRST_NAP_S
         while not self._closed:
             if self._waiting:  # the training thread drives; do not compete for the GIL
                 self._resume.wait(IDLE_S)
                 self._resume.clear()
+                # It just left a wait and is likely to post or wait again at once: a round now
+                # would only contend with it.
+                self._block(TICK_S, sockets=False)
                 continue
             due = None
             with self._lock:
@@ -113,17 +130,12 @@ class DriverMixin:
                         pass  # recorded in self.error; the training thread raises it
                     except Exception as exc:  # a bug must surface, not kill progress silently
                         self.error = PPRdmaError(f"pp_rdma: progress thread failed: {exc!r}")
-            if due is None:
-                nap = FIRST_NAP_S
-                self._block(IDLE_S)
-                continue
-            early = due - time.perf_counter()
-            if early > nap:
-                self._block(early)
-                nap = FIRST_NAP_S
+                self._idle = self.error is not None or not self._outstanding()
+            if self._idle:
+                self._block(IDLE_S, sockets=False)
             else:
-                self._block(nap)
-                nap = min(nap * 2, MAX_NAP_S * 5)
+                early = TICK_S if due is None else due - time.perf_counter()
+                self._block(min(max(early, FIRST_NAP_S), TICK_S), sockets=False)
 
     def flush(self, timeout_s: float) -> bool:
         """Send every queued record (e.g. the job's last read-done); False on timeout."""

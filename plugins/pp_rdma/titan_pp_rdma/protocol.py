@@ -8,6 +8,7 @@ check out is rejected: logged, counted, never acted on.
 
 from __future__ import annotations
 
+import ctypes
 import time
 from typing import Any
 
@@ -22,11 +23,17 @@ from titan_pp_rdma.wire import CHANNEL_NAMES, CHANNELS, FWD, decode, describe_ke
 MAX_REGIONS = 1 << 16  # memory regions a peer may declare at once
 READ_LATENCY_S = 3e-5  # a read's fixed cost on loopback TCP, for predicting when it ends
 MIN_POLL_S = 2e-5  # shortest gap between two polls of one read
+MAX_POLL_S = 2e-4  # longest gap, once a poll saw it pending
 MAX_AHEAD = 1 << 12  # announces a peer may send before this rank posted the receives
 _SAME = (
     "Both stages must use the same seq_length, micro_batch_size, hidden_size and pipeline_dtype "
     "(or set variable_seq_lengths=True)"
 )
+
+
+def _c_view(payload: memoryview) -> ctypes.Array:
+    """A ctypes view of a writable buffer (the frame body is a bytearray)."""
+    return (ctypes.c_char * len(payload)).from_buffer(payload)
 
 
 def flat_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -143,7 +150,7 @@ class ProtocolMixin:
         now = time.perf_counter()
         if status == 0:
             op.polled_at = now
-            op.due = now + max(MIN_POLL_S, 0.02 * op.predicted)
+            op.due = now + min(max(MIN_POLL_S, 0.02 * op.predicted), MAX_POLL_S)
             return
         if status < 0:
             self.fail(
@@ -194,12 +201,15 @@ class ProtocolMixin:
         op.read_at = time.perf_counter()
         # Polling a read before it can have finished only steals the core it needs: the first
         # poll waits for most of its predicted time (``seconds_per_byte`` is learned below),
-        # later ones come every 2% of it (at least MIN_POLL_S).
+        # later ones come every 2% of it (20 to 200 us).
         op.predicted = READ_LATENCY_S + op.nbytes * self.seconds_per_byte
         op.due = op.read_at + 0.75 * op.predicted
         op.batch_id = self.engine.submit_read(link.segment, local, addr, op.nbytes)
 
     def _copy_inline(self, op: RecvOp, payload: memoryview) -> None:
+        if op.tensor.device.type == "cpu":  # contiguous (irecv checks): one memmove
+            ctypes.memmove(op.tensor.data_ptr(), ctypes.addressof(_c_view(payload)), len(payload))
+            return
         with torch.no_grad():
             flat_bytes(op.tensor.detach()).copy_(torch.frombuffer(payload, dtype=torch.uint8))
 

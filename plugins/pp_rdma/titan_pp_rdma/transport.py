@@ -23,6 +23,7 @@ status (Mooncake's own synchronous calls busy-poll a core).
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from typing import Any
@@ -86,7 +87,10 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
         tensor = tensor.detach()
         nbytes = tensor.numel() * tensor.element_size()
         inline = tensor.device.type == "cpu" and nbytes <= self.inline_bytes
-        payload = flat_bytes(tensor.contiguous()).numpy().tobytes() if inline else b""
+        payload = b""
+        if inline:  # a copy now: the caller may reuse the tensor as soon as this returns
+            tensor = tensor.contiguous()
+            payload = ctypes.string_at(tensor.data_ptr(), nbytes)
         with self._lock:
             self._check()
             link = self.links[peer]
@@ -106,9 +110,8 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
                     self._announce(link, op)
                 else:
                     link.unannounced.append(op)
-            flushed = link.channel.flush()
-        if not flushed or op.event is not None:
-            self._poke()
+            self._round()  # answers and reads that arrived meanwhile move on now
+        self._wake_helper()
         return op
 
     def _stage(self, link: Link, op: SendOp, tensor: torch.Tensor) -> None:
@@ -151,10 +154,8 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
             if self.direct:
                 op.event = record_event(tensor)
             link.recvs[(ch, op.seq)] = op
-            self._advance(link, op)  # starts at once if the sender already announced the bytes
-            link.channel.flush()
-        if not op.done and (op.batch_id is not None or op.event is not None):
-            self._poke()  # something to poll: the helper thread must not sleep on sockets only
+            self._round()  # starts the read at once if the sender already announced the bytes
+        self._wake_helper()
         return op
 
     # ---------------------------------------------------------------- waiting
@@ -166,7 +167,7 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
         with self._lock:
             self._waiting += 1  # the helper thread steps aside (when it next wakes) meanwhile
         nap = FIRST_NAP_S
-        slack = timer_slack(FINE_SLACK_NS)
+        slack = None  # lowered the first time this wait sleeps
         try:
             while True:
                 with self._lock:
@@ -179,6 +180,8 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
                     with self._lock:
                         self.error = PPRdmaTimeout(self._stuck(op))
                     raise self.error
+                if slack is None:
+                    slack = timer_slack(FINE_SLACK_NS) or 0
                 if due is None:  # only a record from the peer can move it: sleep on the sockets
                     self._block(min(IDLE_S, left))
                     continue
@@ -190,7 +193,7 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
                     self._block(min(nap, left))
                     nap = min(nap * 2, MAX_NAP_S)
         finally:
-            if slack is not None:
+            if slack:
                 timer_slack(slack)
             with self._lock:
                 self._waiting -= 1
@@ -238,17 +241,8 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
         """
         due = None
         for peer, link in self.links.items():
-            channel = link.channel
-            for text, payload in channel.receive():
+            for text, payload in link.channel.receive():
                 self._on_record(link, peer, text, payload)
-            if channel.broken or channel.eof:
-                why = channel.broken or "closed the connection (it exited, crashed or reset)"
-                error = PPRdmaError(f"pp_rdma: rank {self.rank}: pipeline rank {peer} {why}")
-                if channel.broken or link.outstanding():
-                    self.fail(error)
-                # Nothing waits on it (e.g. the peer ended its job): the session is over, the
-                # next op or session lookup sees why.
-                self.error = self.error or error
         for link in self.links.values():
             while link.unannounced and link.unannounced[0].event.query():  # in stream order
                 self._announce(link, link.unannounced.pop(0))
@@ -266,6 +260,16 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
             link.channel.flush()
             if link.unannounced or link.busy_slots or link.channel.wants_write:
                 due = 0.0
+        for peer, link in self.links.items():  # after the records that came before the end
+            channel = link.channel
+            if channel.broken or channel.eof:
+                why = channel.broken or "closed the connection (it exited, crashed or reset)"
+                error = PPRdmaError(f"pp_rdma: rank {self.rank}: pipeline rank {peer} {why}")
+                if channel.broken or link.outstanding():
+                    self.fail(error)
+                # Nothing waits on it (e.g. the peer ended its job): the session is over, the
+                # next op or session lookup sees why.
+                self.error = self.error or error
         now = time.monotonic()
         if now - self._drained_at > _DRAIN_EVERY_S:
             self._drained_at = now

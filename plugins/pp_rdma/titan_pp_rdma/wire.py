@@ -19,6 +19,7 @@ activation can never be taken for a gradient, whatever order the ops were posted
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -46,11 +47,16 @@ _DTYPES = {
 }
 
 
+_SIZES = {d: torch.empty((), dtype=d).element_size() for d in _DTYPES.values()}
+
+
+@functools.lru_cache(maxsize=256)
 def tensor_key(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> str:
     """``"float32:4x2x16"``: the (shape, dtype) a message carries."""
     return f"{str(dtype).removeprefix('torch.')}:{'x'.join(str(int(d)) for d in shape)}"
 
 
+@functools.lru_cache(maxsize=256)
 def parse_key(key: str) -> tuple[tuple[int, ...], torch.dtype]:
     """Inverse of :func:`tensor_key`; ``ValueError`` for anything that is not a sane key."""
     dtype_name, _, dims = key.partition(":")
@@ -60,7 +66,7 @@ def parse_key(key: str) -> tuple[tuple[int, ...], torch.dtype]:
     shape = tuple(int(d) for d in dims.split("x") if d) if dims else ()
     if len(shape) > MAX_DIMS or any(d < 0 for d in shape):
         raise ValueError(f"bad shape in tensor key {key[:80]!r}")
-    if math.prod(shape) * torch.empty((), dtype=dtype).element_size() > MAX_TENSOR_BYTES:
+    if math.prod(shape) * _SIZES[dtype] > MAX_TENSOR_BYTES:
         raise ValueError(f"tensor key {key[:80]!r} is larger than {MAX_TENSOR_BYTES} B")
     return shape, dtype
 
@@ -68,7 +74,7 @@ def parse_key(key: str) -> tuple[tuple[int, ...], torch.dtype]:
 def key_nbytes(key: str) -> int:
     """Bytes one message of ``key`` occupies."""
     shape, dtype = parse_key(key)
-    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return math.prod(shape) * _SIZES[dtype]
 
 
 def describe_key(key: str) -> str:
