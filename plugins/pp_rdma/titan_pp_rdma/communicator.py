@@ -98,15 +98,17 @@ def build_communicator_class(base: type) -> type:
         def _post_mooncake(self, session, send_next, send_prev, recv_prev, recv_next) -> dict:
             tr = session.transport
             reqs: dict[str, Any] = {}
-            # Sends are staged (copied) at post time, so the caller may free them at once.
-            if send_next is not None:
-                reqs["send_next"] = tr.isend(send_next, self.next_rank, FWD)
-            if send_prev is not None:
-                reqs["send_prev"] = tr.isend(send_prev, self.prev_rank, BWD)
-            if recv_prev is not None:
-                reqs["recv_prev"] = tr.irecv(recv_prev, self.prev_rank, FWD)
-            if recv_next is not None:
-                reqs["recv_next"] = tr.irecv(recv_next, self.next_rank, BWD)
+            # Sends are staged (copied) at post time, so the caller may free them at once. The
+            # ops of one call leave as one frame per peer (one control message per VPP step).
+            with tr.batch():
+                if send_next is not None:
+                    reqs["send_next"] = tr.isend(send_next, self.next_rank, FWD)
+                if send_prev is not None:
+                    reqs["send_prev"] = tr.isend(send_prev, self.prev_rank, BWD)
+                if recv_prev is not None:
+                    reqs["recv_prev"] = tr.irecv(recv_prev, self.prev_rank, FWD)
+                if recv_next is not None:
+                    reqs["recv_next"] = tr.irecv(recv_next, self.next_rank, BWD)
             return reqs
 
         def _post_torch(self, session, send_next, send_prev, recv_prev, recv_next) -> dict:

@@ -7,9 +7,11 @@ into ~70 us). Every post (``isend`` / ``irecv``) runs a progress round too.
 
 While the training thread computes with ops outstanding, a helper thread runs a round every
 ``TICK_S`` (sooner when a transfer is due), so reads start and read-done answers go out during
-compute. It never sleeps on the control sockets: two threads woken by the same record would
-fight over the GIL on the critical path (that doubled a small round trip); it parks while a
-``wait`` drives and while nothing is outstanding.
+compute. It wakes only on its own timer, never on a control socket or when the training thread
+posts or leaves a wait: a second thread made runnable at those moments competes for the GIL and
+the core exactly when the message is on its critical path (that doubled a small round trip). It
+does nothing while a ``wait`` drives, and ticks slowly (``IDLE_TICK_S``) when nothing is
+outstanding.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ FIRST_NAP_S = 1e-5
 MAX_NAP_S = 1e-4  # a waiting rank polls a transfer in flight at least this often
 IDLE_S = 0.5  # longest sleep when only a socket can bring news
 TICK_S = 1e-3  # the helper's round interval while ops are outstanding
+IDLE_TICK_S = 5e-3  # and while nothing is
 FINE_SLACK_NS = 1000
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 _LIBC: Any = None
@@ -64,8 +67,6 @@ class DriverMixin:
 
     def _start_driver(self, background: bool, rank: int) -> None:
         self._waiting = 0
-        self._idle = True  # the helper sleeps until poked (nothing outstanding)
-        self._resume = threading.Event()
         self._closed = False
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -99,12 +100,6 @@ class DriverMixin:
         except (BlockingIOError, OSError):
             pass
 
-    def _wake_helper(self) -> None:
-        """Called after a post: the helper starts ticking if it was asleep."""
-        if self._idle and self._thread is not None:
-            self._idle = False
-            self._poke()
-
     def _outstanding(self) -> bool:
         return any(ln.outstanding() or ln.channel.wants_write for ln in self.links.values())
 
@@ -112,27 +107,22 @@ class DriverMixin:
         """The helper thread: a progress round every tick while the training thread computes."""
         timer_slack(FINE_SLACK_NS)
         while not self._closed:
-            if self._waiting:  # the training thread drives; do not compete for the GIL
-                self._resume.wait(IDLE_S)
-                self._resume.clear()
-                # It just left a wait and is likely to post or wait again at once: a round now
-                # would only contend with it.
+            if self._waiting or self.error is not None:  # the training thread drives
                 self._block(TICK_S, sockets=False)
                 continue
             due = None
             with self._lock:
                 if self._closed:
                     break
-                if self.error is None:
-                    try:
-                        due = self._round()
-                    except PPRdmaError:
-                        pass  # recorded in self.error; the training thread raises it
-                    except Exception as exc:  # a bug must surface, not kill progress silently
-                        self.error = PPRdmaError(f"pp_rdma: progress thread failed: {exc!r}")
-                self._idle = self.error is not None or not self._outstanding()
-            if self._idle:
-                self._block(IDLE_S, sockets=False)
+                try:
+                    due = self._round()
+                except PPRdmaError:
+                    pass  # recorded in self.error; the training thread raises it
+                except Exception as exc:  # a bug must surface, not kill progress silently
+                    self.error = PPRdmaError(f"pp_rdma: progress thread failed: {exc!r}")
+                busy = self.error is None and self._outstanding()
+            if not busy:
+                self._block(IDLE_TICK_S, sockets=False)
             else:
                 early = TICK_S if due is None else due - time.perf_counter()
                 self._block(min(max(early, FIRST_NAP_S), TICK_S), sockets=False)
@@ -155,7 +145,6 @@ class DriverMixin:
     def _stop_driver(self) -> None:
         self._closed = True
         self._poke()
-        self._resume.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
 

@@ -23,9 +23,11 @@ status (Mooncake's own synchronous calls busy-poll a core).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -71,6 +73,7 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
         self.error: PPRdmaError | None = None
         self.stats: Any = None  # a stats.PhaseStats to time every phase (benchmarks)
         self._lock = threading.RLock()
+        self._batching = False
         self._drained_at = 0.0
         self._start_driver(background, rank)
 
@@ -110,8 +113,8 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
                     self._announce(link, op)
                 else:
                     link.unannounced.append(op)
-            self._round()  # answers and reads that arrived meanwhile move on now
-        self._wake_helper()
+            if not self._batching:
+                self._round()  # answers and reads that arrived meanwhile move on now
         return op
 
     def _stage(self, link: Link, op: SendOp, tensor: torch.Tensor) -> None:
@@ -154,9 +157,20 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
             if self.direct:
                 op.event = record_event(tensor)
             link.recvs[(ch, op.seq)] = op
-            self._round()  # starts the read at once if the sender already announced the bytes
-        self._wake_helper()
+            if not self._batching:
+                self._round()  # starts the read at once if the sender already announced them
         return op
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Post several ops as one: their records leave in one frame per peer at the end."""
+        with self._lock:
+            self._batching = True
+            try:
+                yield
+            finally:
+                self._batching = False
+                self._round()
 
     # ---------------------------------------------------------------- waiting
     def wait(self, op: Op) -> None:
@@ -165,7 +179,7 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
             return
         deadline = time.monotonic() + self.timeout_s
         with self._lock:
-            self._waiting += 1  # the helper thread steps aside (when it next wakes) meanwhile
+            self._waiting += 1  # the helper thread stays out of the way meanwhile
         nap = FIRST_NAP_S
         slack = None  # lowered the first time this wait sleeps
         try:
@@ -197,7 +211,6 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
                 timer_slack(slack)
             with self._lock:
                 self._waiting -= 1
-            self._resume.set()
 
     def _stuck(self, op: Op) -> str:
         if isinstance(op, SendOp):
