@@ -20,7 +20,8 @@ Prints, each against gloo measured in the same run (ratio > 1: pp_rdma faster; g
 
 Every time is the median of ``--reps`` rounds; each round starts after a barrier and runs from
 the later rank's start to the later rank's end (``perf_counter`` is one clock for every process
-of a host). Prints the load average first; verdicts are withheld on a loaded machine (see
+of a host). Section 2 also gives the CPU time a round costs both processes (every thread,
+``getrusage``): on a machine whose cores are shared, it is what the wall time follows. Prints the load average first; verdicts are withheld on a loaded machine (see
 ``loadguard``) unless ``--force``.
 
 Usage: python benchmarks/pp_rdma.py [--reps 9] [--window 4] [--skip-megatron] [--sizes-kib ...]
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import socket
 import statistics
 import sys
@@ -50,6 +52,12 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _cpu() -> float:
+    """CPU seconds this process used so far, all threads (user + system)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _span(t0: float, t1: float, end_rank: int | None = None) -> float:
@@ -177,12 +185,16 @@ def _loopback_worker(rank: int, port: int, sizes: list[int], reps: int, window: 
             for _ in range(reps + 1):
                 for name in ("gloo", "pp_rdma"):
                     dist.barrier()
-                    t0 = time.perf_counter()
+                    c0, t0 = _cpu(), time.perf_counter()
                     if name == "gloo":
                         _gloo_round(x, y, ack, rank, w)
                     else:
                         _mooncake_round(tr, x, y, ack, rank, w)
-                    times.setdefault((name, nbytes, w), []).append(_span(t0, time.perf_counter()))
+                    t1, c1 = time.perf_counter(), _cpu()
+                    times.setdefault((name, nbytes, w), []).append(_span(t0, t1))
+                    cpu = torch.tensor([c1 - c0], dtype=torch.float64)
+                    dist.all_reduce(cpu)  # both processes, every thread (gloo's, Mooncake's)
+                    times.setdefault((name + " cpu", nbytes, w), []).append(cpu.item())
             if rank == 1:
                 assert y.eq(0.0).all(), "payload corrupted"
         if PhaseStats is None:
@@ -234,9 +246,12 @@ def loopback(sizes: list[int], reps: int, window: int, args: argparse.Namespace)
             if w == 1:  # no protocol over Mooncake can do better than its two bare reads
                 floor = med[("raw read", nbytes, 0)] + med[("raw read", 4, 0)]
                 bound = f"  (raw Mooncake reads alone: {g / floor:4.2f}x)"
+            cpu = [med[(n + " cpu", nbytes, w)] * 1e6 for n in ("gloo", "pp_rdma")]
             print(
                 f"  {nbytes >> 10:6d} KiB  gloo {gbs[0]:5.2f} GB/s  pp_rdma {gbs[1]:5.2f} GB/s"
-                f"  ratio {g / m:5.2f}x{bound}  {verdict}"
+                f"  ratio {g / m:5.2f}x{bound}  {verdict}\n"
+                f"            CPU per round, both processes: gloo {cpu[0]:6.0f} us  "
+                f"pp_rdma {cpu[1]:6.0f} us"
             )
     if not phases:
         return
