@@ -1,39 +1,118 @@
 """Pipeline P2P over Mooncake Transfer Engine (plugin ``pp_rdma``) vs torch.distributed gloo.
 
-Prints, each against gloo measured in the same run (ratio > 1: Mooncake faster; goal >= 1.0):
-1. ping-pong on loopback: one message (256 KiB .. 64 MiB) and a one-element reply, GB/s;
-2. streaming on loopback: ``--window`` messages posted together then waited (as the interleaved
-   schedule posts its P2P under ``overlap_p2p_comm``), GB/s;
-3. PP=2 x VPP=2 step time of the tiny MoE GPT through megatron-core's schedules
-   (``overlap_p2p_comm``), plugin on (Mooncake) vs off (gloo), checked bit-identical;
-4. on a CUDA machine only (``gpu_rdma_section``): device tensors over Mooncake (protocol auto,
-   i.e. RDMA when a NIC is visible, ring buffers) vs NCCL send/recv. Needs the CUDA wheel
-   ``mooncake-transfer-engine``.
+Prints, each against gloo measured in the same run (ratio > 1: pp_rdma faster; goal >= 1.0 from
+256 KiB to 64 MiB and for the PP=2 x VPP=2 step):
+1. one way on loopback: one message, from posting to landed (the receiver's completion; the
+   initiator's for a raw write, whose completion Mooncake reports once applied at the peer), for
+   gloo, pp_rdma, and Mooncake's own raw read and write of the same bytes between the same
+   processes (no control messages: the ceiling any protocol over Mooncake's TCP transport
+   reaches);
+2. ping-pong: one message and a one-element reply (the issue's metric), with the bound set by
+   Mooncake itself (a raw read of the message plus a raw read of one element, no signalling:
+   what no protocol over Mooncake's TCP transport can beat), and streaming:
+   ``--window`` messages posted together then waited (as the interleaved schedule posts its P2P
+   under ``overlap_p2p_comm``);
+3. where pp_rdma's time goes, per phase (``titan_pp_rdma.stats``), in extra ping-pong rounds;
+4. PP=2 x VPP=2 step time of the tiny MoE GPT through megatron-core's schedules
+   (``overlap_p2p_comm``), plugin on (Mooncake) vs off (gloo), checked for identical losses;
+5. on a CUDA machine only (``gpu_rdma_section``): device tensors over Mooncake (protocol auto,
+   i.e. RDMA when a NIC is visible, ring buffers) vs NCCL send/recv. Needs the CUDA wheel.
 
-Usage: python benchmarks/pp_rdma.py [--reps 7] [--window 4] [--skip-megatron] [--sizes-kib ...]
+Every time is the median of ``--reps`` rounds; each round starts after a barrier and runs from
+the later rank's start to the later rank's end (``perf_counter`` is one clock for every process
+of a host). Section 2 also gives the CPU time a round costs both processes (every thread,
+``getrusage``): on a machine whose cores are shared, it is what the wall time follows. Prints the load average first; verdicts are withheld on a loaded machine (see
+``loadguard``) unless ``--force``.
+
+Usage: python benchmarks/pp_rdma.py [--reps 9] [--window 4] [--skip-megatron] [--sizes-kib ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import socket
 import statistics
+import sys
 import time
 from typing import Any
 
+import loadguard
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
 SIZES_KIB = (256, 1024, 4096, 16384, 65536)
+ONE_WAY = ("gloo", "pp_rdma", "raw read", "raw write")
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _cpu() -> float:
+    """CPU seconds this process used so far, all threads (user + system)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _span(t0: float, t1: float, end_rank: int | None = None) -> float:
+    """Later start to later end over both ranks (one monotonic clock per host), or to
+    ``end_rank``'s end (the rank that knows the bytes landed)."""
+    both = torch.tensor([t0, t1], dtype=torch.float64)
+    gathered = [torch.empty_like(both) for _ in range(2)]
+    dist.all_gather(gathered, both)
+    ends = [g[1].item() for g in gathered]
+    end = max(ends) if end_rank is None else ends[end_rank]
+    return end - max(g[0].item() for g in gathered)
+
+
+class Raw:
+    """Mooncake's own async read / sync write between the two ranks' registered buffers."""
+
+    def __init__(self, engine: Any, nbytes: int) -> None:
+        self.te = engine._te
+        self.buf = torch.zeros(nbytes, dtype=torch.uint8)
+        engine.register(self.buf)
+        mine = (engine.session_id, self.buf.data_ptr())
+        both: list[Any] = [None, None]
+        dist.all_gather_object(both, mine)
+        self.peer = both[1 - dist.get_rank()]
+
+    def read(self, nbytes: int) -> None:
+        """Pull ``nbytes`` from the peer, polled like the transport polls (10-100 us naps)."""
+        bid = self.te.batch_transfer_async_read(
+            self.peer[0], [self.buf.data_ptr()], [self.peer[1]], [nbytes]
+        )
+        nap = 1e-5
+        while (state := self.te.transfer_check_status(bid)) == 0:
+            time.sleep(nap)
+            nap = min(2 * nap, 1e-4)
+        assert state == 1, state
+
+    def write(self, nbytes: int) -> None:
+        """Push ``nbytes`` (Mooncake's sync call; completes once applied at the peer)."""
+        rc = self.te.transfer_sync_write(self.peer[0], self.buf.data_ptr(), self.peer[1], nbytes)
+        assert rc == 0, rc
+
+
+def _one_way(name: str, tr: Any, raw: Raw, x: torch.Tensor, y: torch.Tensor) -> None:
+    """Rank 0's ``x`` lands in rank 1's ``y`` (raw: rank 1 reads / rank 0 writes)."""
+    from titan_pp_rdma.wire import FWD
+
+    rank = dist.get_rank()
+    if name == "gloo":
+        (dist.isend(x, 1) if rank == 0 else dist.irecv(y, 0)).wait()
+    elif name == "pp_rdma":
+        (tr.isend(x, 1, FWD) if rank == 0 else tr.irecv(y, 0, FWD)).wait()
+    elif name == "raw read" and rank == 1:
+        raw.read(x.numel() * x.element_size())
+    elif name == "raw write" and rank == 0:
+        raw.write(x.numel() * x.element_size())
 
 
 def _gloo_round(x: torch.Tensor, y: torch.Tensor, ack: torch.Tensor, rank: int, window: int):
@@ -70,36 +149,73 @@ def _loopback_worker(rank: int, port: int, sizes: list[int], reps: int, window: 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    from titan_pp_rdma.session import open_session
+    from titan_pp_rdma.session import STATE, open_session
     from titan_pp_rdma.settings import PPRdmaSettings
+
+    try:
+        from titan_pp_rdma.stats import PhaseStats
+    except ImportError:  # an older pp_rdma (A/B runs against main): no phase timers
+        PhaseStats = None
 
     session = open_session(dist.group.WORLD, PPRdmaSettings(backend="mooncake", timeout_s=60))
     tr = session.transport
-    results: dict[tuple[str, int, int], list[float]] = {}
+    raw = Raw(STATE.engine, max(sizes))
+    times: dict[tuple[str, int, int], list[float]] = {}
+    phases: dict[int, list[dict]] = {}
+    tiny = torch.zeros(1)
+    for _ in range(reps + 1):  # a one-element raw read: the least a reply through Mooncake costs
+        dist.barrier()
+        t0 = time.perf_counter()
+        _one_way("raw read", tr, raw, tiny, tiny)
+        times.setdefault(("raw read", 4, 0), []).append(_span(t0, time.perf_counter(), 1))
     for nbytes in sizes:
+        x1, y1 = torch.full((nbytes // 4,), float(rank)), torch.empty(nbytes // 4)
+        for _ in range(reps + 1):  # alternate the variants so drift hits all alike
+            for name in ONE_WAY:
+                dist.barrier()
+                t0 = time.perf_counter()
+                _one_way(name, tr, raw, x1, y1)
+                lander = 0 if name == "raw write" else 1  # whose completion means "landed"
+                span = _span(t0, time.perf_counter(), lander)
+                times.setdefault((name, nbytes, 0), []).append(span)
         for w in (1, window):
             x = torch.full((w, nbytes // 4), float(rank))
             y = torch.empty(w, nbytes // 4)
             ack = torch.zeros(1)
-            for _ in range(reps + 1):  # alternate the two so drift hits both alike
-                for name in ("gloo", "mooncake"):
+            for _ in range(reps + 1):
+                for name in ("gloo", "pp_rdma"):
                     dist.barrier()
-                    start = time.perf_counter()
+                    c0, t0 = _cpu(), time.perf_counter()
                     if name == "gloo":
                         _gloo_round(x, y, ack, rank, w)
                     else:
                         _mooncake_round(tr, x, y, ack, rank, w)
-                    results.setdefault((name, nbytes, w), []).append(time.perf_counter() - start)
+                    t1, c1 = time.perf_counter(), _cpu()
+                    times.setdefault((name, nbytes, w), []).append(_span(t0, t1))
+                    cpu = torch.tensor([c1 - c0], dtype=torch.float64)
+                    dist.all_reduce(cpu)  # both processes, every thread (gloo's, Mooncake's)
+                    times.setdefault((name + " cpu", nbytes, w), []).append(cpu.item())
             if rank == 1:
                 assert y.eq(0.0).all(), "payload corrupted"
+        if PhaseStats is None:
+            continue
+        tr.stats = PhaseStats()  # extra rounds, so the timers never slow the timed ones
+        for _ in range(reps):
+            dist.barrier()
+            _mooncake_round(tr, x1.view(1, -1), y1.view(1, -1), torch.zeros(1), rank, 1)
+        dist.barrier()
+        tr.stats, stats = None, tr.stats
+        both: list[Any] = [None, None]
+        dist.all_gather_object(both, stats.summary())
+        phases[nbytes] = both
     if rank == 0:
-        q.put({k: statistics.median(v[1:]) for k, v in results.items()})
+        q.put(({k: statistics.median(v[1:]) for k, v in times.items()}, phases))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def loopback(sizes: list[int], reps: int, window: int) -> None:
-    """Sections 1 and 2: ping-pong and streaming throughput, Mooncake TCP vs gloo."""
+def loopback(sizes: list[int], reps: int, window: int, args: argparse.Namespace) -> None:
+    """Sections 1-3: one way, ping-pong, streaming, per-phase timers."""
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
     mp.start_processes(
@@ -108,16 +224,51 @@ def loopback(sizes: list[int], reps: int, window: int) -> None:
         nprocs=2,
         start_method="spawn",
     )
-    med = q.get()
-    for title, w in (("ping-pong, 1 message", 1), (f"streaming, {window} in flight", window)):
+    med, phases = q.get()
+    print(f"\n1. one way, posted -> landed (loopback, median of {reps}), GB/s and vs gloo:")
+    for nbytes in sizes:
+        g = med[("gloo", nbytes, 0)]
+        cells = [
+            f"{n} {nbytes / med[(n, nbytes, 0)] / 1e9:5.2f} ({g / med[(n, nbytes, 0)]:4.2f}x)"
+            for n in ONE_WAY
+        ]
+        print(f"  {nbytes >> 10:6d} KiB  " + "  ".join(cells))
+    for title, w in (
+        ("2. ping-pong, 1 message + reply", 1),
+        (f"   streaming, {window} in flight", window),
+    ):
         print(f"\n{title} (loopback, median of {reps}):")
         for nbytes in sizes:
-            g, m = med[("gloo", nbytes, w)], med[("mooncake", nbytes, w)]
+            g, m = med[("gloo", nbytes, w)], med[("pp_rdma", nbytes, w)]
             gbs = [nbytes * w / t / 1e9 for t in (g, m)]
+            verdict = loadguard.verdict(g / m >= 1.0, args) if w == 1 else ""
+            bound = ""
+            if w == 1:  # no protocol over Mooncake can do better than its two bare reads
+                floor = med[("raw read", nbytes, 0)] + med[("raw read", 4, 0)]
+                bound = f"  (raw Mooncake reads alone: {g / floor:4.2f}x)"
+            cpu = [med[(n + " cpu", nbytes, w)] * 1e6 for n in ("gloo", "pp_rdma")]
             print(
-                f"  {nbytes >> 10:6d} KiB  gloo {gbs[0]:5.2f} GB/s  mooncake {gbs[1]:5.2f} GB/s"
-                f"  ratio {g / m:5.2f}x"
+                f"  {nbytes >> 10:6d} KiB  gloo {gbs[0]:5.2f} GB/s  pp_rdma {gbs[1]:5.2f} GB/s"
+                f"  ratio {g / m:5.2f}x{bound}  {verdict}\n"
+                f"            CPU per round, both processes: gloo {cpu[0]:6.0f} us  "
+                f"pp_rdma {cpu[1]:6.0f} us"
             )
+    if not phases:
+        return
+    from titan_pp_rdma.stats import PHASES
+
+    print("\n3. pp_rdma ping-pong per phase, median us (count) [rank 0 sends, rank 1 reads]:")
+    for name, what in PHASES.items():
+        print(f"  {name:13s} {what}")
+    names = list(PHASES)
+    print("  " + " " * 13 + "".join(f"{n:>14s}" for n in names))
+    for nbytes in sizes:
+        for rank, summary in enumerate(phases[nbytes]):
+            cells = "".join(
+                f"{summary[n][1] * 1e6:9.0f} ({summary[n][0]:2d})" if n in summary else " " * 14
+                for n in names
+            )
+            print(f"  {nbytes >> 10:6d} KiB r{rank}{cells}")
 
 
 def step_task(env: dict | None, steps: int, hidden: int) -> dict:
@@ -143,13 +294,17 @@ def step_task(env: dict | None, steps: int, hidden: int) -> dict:
         return {"s_per_step": (time.perf_counter() - start) / steps, "losses": losses}
 
 
-def pp2_step_time(reps: int, hidden: int) -> None:
+def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
     """Section 3: tiny GPT PP=2 x VPP=2 step time, plugin (Mooncake) vs off (gloo)."""
     from titan_plugins.testing.workers import GlooWorkerPool
 
     runs = {
         "gloo (plugin off)": None,
         "mooncake": {"TITAN_PP_RDMA_BACKEND": "mooncake"},
+        "mooncake, reads only": {
+            "TITAN_PP_RDMA_BACKEND": "mooncake",
+            "TITAN_PP_RDMA_INLINE_BYTES": "0",  # every tensor through a Mooncake read
+        },
         "torch fallback (plugin on)": {"TITAN_PP_RDMA_BACKEND": "torch"},
     }
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -161,11 +316,18 @@ def pp2_step_time(reps: int, hidden: int) -> None:
                 times[name].append(max(r["s_per_step"] for r in out))
                 losses[name] = out[1]["losses"]
     base = statistics.median(times["gloo (plugin off)"])
-    print(f"\nPP=2 x VPP=2 tiny GPT (hidden {hidden}, 8 microbatches), median of {reps}:")
+    from titan_plugins.testing import tiny_gpt
+
+    kib = tiny_gpt.SEQ * tiny_gpt.MBS * hidden * 4 >> 10
+    print(
+        f"\n4. PP=2 x VPP=2 tiny GPT (hidden {hidden}, {kib} KiB per pipeline message, "
+        f"8 microbatches), median of {reps}:"
+    )
     for name in runs:
         t = statistics.median(times[name])
         same = "same losses" if losses[name] == losses["gloo (plugin off)"] else "LOSSES DIFFER"
-        print(f"  {name:28s} {t * 1e3:7.1f} ms/step  ratio {base / t:5.2f}x  ({same})")
+        verdict = loadguard.verdict(base / t >= 1.0, args) if name == "mooncake" else ""
+        print(f"  {name:28s} {t * 1e3:7.1f} ms/step  ratio {base / t:5.2f}x  ({same})  {verdict}")
 
 
 def _gpu_worker(rank: int, port: int, sizes: list[int], reps: int, q: Any) -> None:
@@ -222,13 +384,16 @@ def gpu_rdma_section(sizes: list[int], reps: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--window", type=int, default=4)
     parser.add_argument("--sizes-kib", type=int, nargs="+", default=list(SIZES_KIB))
     parser.add_argument("--hidden", type=int, default=256, help="tiny GPT hidden size (PP=2 run)")
     parser.add_argument("--skip-megatron", action="store_true")
     parser.add_argument("--skip-loopback", action="store_true")
+    loadguard.add_arguments(parser)
     args = parser.parse_args()
+    print(loadguard.describe(args))
+    print("command: " + " ".join([os.path.basename(sys.executable), *sys.argv]))
     from titan_pp_rdma.probe import probe_mooncake
 
     probe = probe_mooncake()
@@ -236,10 +401,11 @@ def main() -> None:
         raise SystemExit(f"Mooncake unavailable: {probe.detail}; fix: {probe.fix}")
     sizes = [k << 10 for k in args.sizes_kib]
     if not args.skip_loopback:
-        loopback(sizes, args.reps, args.window)
+        loopback(sizes, args.reps, args.window, args)
     if not args.skip_megatron:
-        pp2_step_time(max(1, args.reps // 2), args.hidden)
+        pp2_step_time(max(1, args.reps // 2), args.hidden, args)
     gpu_rdma_section(sizes, args.reps)
+    print("\n" + loadguard.describe(args) + "  (at the end)")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Sessions and failures: clear errors, bounded in time, never a hang.
 
 - shape / dtype mismatch between stages, through the real communicator (shared gloo pool);
-- a peer that never joins the handshake, and a peer killed mid-step (a separate process pair,
-  so the shared pool is not disturbed): the survivor raises within TITAN_PP_RDMA_TIMEOUT_S;
+- a peer that never joins the handshake, one that hangs mid-step and one killed mid-step (a
+  separate process pair, so the shared pool is not disturbed): the survivor raises within
+  TITAN_PP_RDMA_TIMEOUT_S (at once for the killed one: its control connection closes);
 - the optional metadata-server mode (Mooncake's HTTP server) instead of P2PHANDSHAKE.
 """
 
@@ -97,7 +98,7 @@ def pair_main(scenario: str, rank: int, port: int) -> None:
     """One rank of the pair (run as a script); prints one JSON line, then exits hard."""
     import torch
     import torch.distributed as dist
-    from titan_pp_rdma.session import open_session
+    from titan_pp_rdma.session import _engine, open_session
     from titan_pp_rdma.settings import PPRdmaSettings
     from titan_pp_rdma.wire import BWD, FWD
 
@@ -107,20 +108,23 @@ def pair_main(scenario: str, rank: int, port: int) -> None:
     timeout_s = 30.0 if scenario == "exchange" else TIMEOUT_S  # only the failures need it short
     settings = PPRdmaSettings(backend="mooncake", timeout_s=timeout_s, metadata=metadata)
     result: dict[str, Any] = {"rank": rank}
+    if scenario != "never_joins" or rank == 0:
+        _engine(settings)  # set up before the clock starts: only the waits are timed
     start = time.monotonic()
     try:
         if scenario == "exchange":  # both directions at once, as a PP=2 stage pair does
             session = open_session(dist.group.WORLD, settings)
             result["why"] = session.why
-            x = torch.arange(4096, dtype=torch.float32) * (rank + 1)
+            n = 1 << 15  # 128 KiB: a Mooncake read, not an inline message
+            x = torch.arange(n, dtype=torch.float32) * (rank + 1)
             for step in range(3):
-                y = torch.empty(4096)
+                y = torch.empty(n)
                 ch_out, ch_in = (FWD, BWD) if rank == 0 else (BWD, FWD)
                 ops = [session.transport.isend(x + step, 1 - rank, ch_out)]
                 ops.append(session.transport.irecv(y, 1 - rank, ch_in))
                 for op in ops:
                     op.wait()
-                assert y.equal(torch.arange(4096, dtype=torch.float32) * (2 - rank) + step)
+                assert y.equal(torch.arange(n, dtype=torch.float32) * (2 - rank) + step)
             result["ok"] = True
             print(json.dumps(result), flush=True)
             # A normal exit: the notifier's atexit flush must deliver the last "read done", or
@@ -134,9 +138,12 @@ def pair_main(scenario: str, rank: int, port: int) -> None:
             x = torch.arange(1024, dtype=torch.float32)
             for step in range(3):
                 if rank == 0:
-                    if step == 2:  # killed mid-step, after posting nothing for step 2
+                    if step == 2 and scenario == "killed":  # after posting nothing for step 2
                         print(json.dumps(result), flush=True)
                         os._exit(0)
+                    if step == 2:  # hangs: alive, connected, silent
+                        time.sleep(TIMEOUT_S + 3)
+                        break
                     tr.isend(x + step, 1, FWD).wait()
                 else:
                     start = time.monotonic()
@@ -185,12 +192,19 @@ def test_peer_that_never_joins_times_out() -> None:
     assert first["elapsed"] < TIMEOUT_S + 2
 
 
-def test_peer_killed_mid_step_raises_within_timeout() -> None:
-    _, survivor = _run_pair("killed")
+def test_peer_that_hangs_mid_step_times_out() -> None:
+    _, survivor = _run_pair("hangs")
     assert survivor["error"].startswith("PPRdmaTimeout"), survivor
     assert "receive from rank 0" in survivor["error"], survivor
     assert "never announced the tensor" in survivor["error"], survivor
     assert TIMEOUT_S - 0.1 < survivor["elapsed"] < TIMEOUT_S + 2
+
+
+def test_peer_killed_mid_step_raises_at_once() -> None:
+    _, survivor = _run_pair("killed")
+    assert survivor["error"].startswith("PPRdmaError"), survivor
+    assert "pipeline rank 0 closed the connection" in survivor["error"], survivor
+    assert survivor["elapsed"] < 2, survivor
 
 
 HTTP_METADATA_SERVER = os.path.join(

@@ -18,15 +18,25 @@ STEPS, MICROBATCHES = 2, 4
 MOONCAKE = probe_mooncake()
 needs_mooncake = pytest.mark.skipif(not MOONCAKE.available, reason=MOONCAKE.detail)
 TORCH_ENV = {"TITAN_PP_RDMA_BACKEND": "torch"}
-MOONCAKE_ENV = {"TITAN_PP_RDMA_BACKEND": "mooncake", "TITAN_PP_RDMA_TIMEOUT_S": "60"}
+# The tiny GPT's pipeline tensors (16 x 2 x 64 float32, 8 KiB) would travel inline by default:
+# INLINE_BYTES=0 sends every one through a Mooncake read, the path device tensors take.
+MOONCAKE_ENV = {
+    "TITAN_PP_RDMA_BACKEND": "mooncake",
+    "TITAN_PP_RDMA_TIMEOUT_S": "60",
+    "TITAN_PP_RDMA_INLINE_BYTES": "0",
+}
+INLINE_ENV = {**MOONCAKE_ENV, "TITAN_PP_RDMA_INLINE_BYTES": "64K"}
 RING_ENV = {**MOONCAKE_ENV, "TITAN_PP_RDMA_BUFFERS": "ring"}  # the RDMA default, over TCP here
 
 
 def train_task(pp: int, vpp: int | None, env: dict | None, **config: Any) -> dict:
     """One rank: build the tiny GPT for (pp, vpp), train, return losses / norms / grads."""
+    from titan_pp_rdma import effects
     from titan_pp_rdma.report import report
 
     from titan_plugins.testing import plugin_active, tiny_gpt
+
+    effects.reset()
 
     tiny_gpt.init_parallel(pp=pp, vpp=vpp)
     from megatron.core.pipeline_parallel import p2p_communication, schedules
@@ -50,6 +60,7 @@ def train_task(pp: int, vpp: int | None, env: dict | None, **config: Any) -> dic
         "grads": grads,
         "backend": state.get("backend"),
         "report": state,
+        "effects": effects.effects(),
     }
 
 
@@ -105,6 +116,11 @@ def test_pp2_1f1b_mooncake_bit_identical(gloo_pool2: Any) -> None:
     got = _run(gloo_pool2, 2, None, MOONCAKE_ENV, BATCHED)
     assert [r["backend"] for r in got] == ["mooncake", "mooncake"]
     assert ref[1]["losses"] and len(ref[1]["losses"]) == STEPS
+    # Measured after the run: every pipeline tensor (activations into rank 1, gradients into
+    # rank 0: one per microbatch and step, 16 x 2 x 64 float32) arrived by a Mooncake read.
+    moved = STEPS * MICROBATCHES
+    for rank in got:
+        assert rank["effects"] == {"read_messages": moved, "read_bytes": moved * 8192}
     assert_identical(got, ref, "PP=2 1F1B over Mooncake")
 
 
@@ -119,6 +135,9 @@ def test_pp2_vpp2_mooncake_fixes_batched_order_and_overlap_free(gloo_pool2: Any)
     assert_identical(
         _run(gloo_pool2, 2, 2, MOONCAKE_ENV, REFERENCE), ref, "VPP unbatched, Mooncake"
     )
+    inline = _run(gloo_pool2, 2, 2, INLINE_ENV, OVERLAP)
+    assert all(set(r["effects"]) == {"inline_messages", "inline_bytes"} for r in inline)
+    assert_identical(inline, ref, "VPP overlap, inline")
     variable = dict(BATCHED, variable_seq_lengths=True)  # shapes exchanged per message
     assert_identical(_run(gloo_pool2, 2, 2, MOONCAKE_ENV, variable), ref, "VPP variable seq")
     ring = _run(gloo_pool2, 2, 2, RING_ENV, OVERLAP)
@@ -130,6 +149,9 @@ def test_pp2_vpp2_torch_fallback_fixes_both_hazards(gloo_pool2: Any) -> None:
     ref = _run(gloo_pool2, 2, 2, None, REFERENCE)
     batched = _run(gloo_pool2, 2, 2, TORCH_ENV, BATCHED)
     assert [r["backend"] for r in batched] == ["torch", "torch"]
+    for rank in batched:  # VPP=2: two chunks' tensors per microbatch and step, all by torch
+        assert set(rank["effects"]) == {"torch_messages", "torch_bytes"}
+        assert rank["effects"]["torch_bytes"] == rank["effects"]["torch_messages"] * 8192 > 0
     assert_identical(batched, ref, "VPP batched, torch fallback")
     assert_identical(_run(gloo_pool2, 2, 2, TORCH_ENV, OVERLAP), ref, "VPP overlap, torch")
 

@@ -3,67 +3,77 @@
 On a GPU the bytes of a send exist only once the queued kernels ran, a landing slot is busy
 until the device copy out of it ran, and a receive tensor recycled by the caching allocator may
 still be read by queued kernels. CPU tensors have no events, so the multi-process tests never
-take these paths: here fake events (``query()`` controlled by the test) drive them, and a fake
-engine moves bytes with ``ctypes.memmove`` (a one-sided read) and delivers notifications.
+take these paths: here fake events (``query()`` controlled by the test) drive them, a fake
+engine moves bytes with ``ctypes.memmove`` (a one-sided read), and the two transports talk over
+real authenticated control channels on a socket pair. The progress threads are off, so every
+step happens where the test calls ``progress()``.
 """
 
 from __future__ import annotations
 
 import ctypes
 import itertools
-from typing import Any
+import socket
+import time
 
 import pytest
 import torch
+from titan_pp_rdma import effects, security
 from titan_pp_rdma import transport as transport_mod
-from titan_pp_rdma.mooncake_engine import PeerAddress
+from titan_pp_rdma.channel import Channel
+from titan_pp_rdma.ops import Link
 from titan_pp_rdma.transport import MooncakeTransport
 from titan_pp_rdma.wire import BWD, FWD
 
+INLINE = 64 << 10  # the default TITAN_PP_RDMA_INLINE_BYTES
+
 
 class FakeEngine:
-    """Just enough of MooncakeEngine: registration no-ops, reads as memmove, inboxes."""
+    """Just enough of MooncakeEngine: registration no-ops, reads as memmove, no notifications."""
 
     protocol = "tcp"
     _ids = itertools.count(1)
 
-    def __init__(self, net: dict[str, FakeEngine], session_id: str) -> None:
-        self.net, self.session_id = net, session_id
-        net[session_id] = self
-        self.inbox: list[tuple[str, str]] = []
-        self.notifier = self  # transport calls engine.notifier.post / .errors
-        self.errors: dict[str, Any] = {}
+    def __init__(self) -> None:
         self.reads = 0
-
-    @property
-    def address(self) -> PeerAddress:
-        return PeerAddress(self.session_id, 0)
+        self.registered: dict[int, int] = {}
 
     def register(self, buf: torch.Tensor) -> torch.Tensor:
+        self.registered[buf.data_ptr()] = buf.numel()
         return buf
 
     def unregister(self, buf: torch.Tensor) -> None:
-        pass
+        self.registered.pop(buf.data_ptr(), None)
 
-    def submit_read(self, peer: str, local_addr: int, remote_addr: int, nbytes: int) -> int:
+    def submit_read(self, peer: str, local_addr: int, remote_addr: int, nbytes: int) -> list:
         ctypes.memmove(local_addr, remote_addr, nbytes)
         self.reads += 1
-        return next(self._ids)
+        return [next(self._ids)]
 
-    def status(self, bid: int) -> int:
+    def status(self, ids: list) -> int:
+        ids.clear()
         return 1
 
-    def post(self, peer: PeerAddress, name: str, msg: str) -> None:
-        self.net[peer.session_id].inbox.append((name.rpartition("/")[2], msg))
+    def drain_notifies(self) -> list:
+        return []
 
-    notify = post
 
-    def poll(self, tag: str) -> list[tuple[str, str]]:
-        out, self.inbox = self.inbox, []
-        return out
+KEY = security.session_key(b"k" * 32, "t")
 
-    def close_tag(self, tag: str) -> None:
-        pass
+
+def pair(direct: bool) -> tuple[MooncakeTransport, MooncakeTransport, FakeEngine, FakeEngine]:
+    """Two transports (ranks 0 and 1) joined by authenticated channels over a socket pair."""
+    ea, eb = FakeEngine(), FakeEngine()
+    sa, sb = socket.socketpair()
+    kw = dict(direct=direct, timeout_s=5.0, device=torch.device("cpu"), background=False)
+    a = MooncakeTransport(ea, 0, {1: Link("b", Channel(sa, KEY, 0, 1))}, "t", **kw)
+    b = MooncakeTransport(eb, 1, {0: Link("a", Channel(sb, KEY, 1, 0))}, "t", **kw)
+    return a, b, ea, eb
+
+
+def big(fill: float = 1.0) -> torch.Tensor:
+    """A tensor too large to travel inline (so it takes the Mooncake read path)."""
+    return torch.full((INLINE // 4 + 1,), fill)
 
 
 class FakeEvent:
@@ -77,6 +87,8 @@ class FakeEvent:
 @pytest.fixture
 def events(monkeypatch: pytest.MonkeyPatch) -> list[FakeEvent]:
     """Every record_event of the transport returns a fresh pending FakeEvent, listed here."""
+    from titan_pp_rdma import protocol
+
     made: list[FakeEvent] = []
 
     def record(t: torch.Tensor) -> FakeEvent:
@@ -84,31 +96,26 @@ def events(monkeypatch: pytest.MonkeyPatch) -> list[FakeEvent]:
         return made[-1]
 
     monkeypatch.setattr(transport_mod, "record_event", record)
+    monkeypatch.setattr(protocol, "record_event", record)
     return made
 
 
-def pair(direct: bool) -> tuple[MooncakeTransport, MooncakeTransport, FakeEngine, FakeEngine]:
-    net: dict[str, FakeEngine] = {}
-    ea, eb = FakeEngine(net, "a"), FakeEngine(net, "b")
-    cpu = torch.device("cpu")
-    kw = dict(direct=direct, timeout_s=5.0, device=cpu)
-    a = MooncakeTransport(ea, 0, {1: eb.address}, "t", **kw)
-    b = MooncakeTransport(eb, 1, {0: ea.address}, "t", **kw)
-    return a, b, ea, eb
+def ready(events: list[FakeEvent]) -> None:
+    for event in events:
+        event.ready = True
 
 
 @pytest.mark.parametrize("direct", [True, False])
 def test_send_is_announced_only_once_its_device_bytes_exist(direct: bool, events: list) -> None:
     a, b, _, eb = pair(direct)
-    x = torch.arange(8.0)
+    x = big() * torch.arange(INLINE // 4 + 1.0)
     send = a.isend(x, 1, FWD)
-    y = torch.empty(8)
+    y = torch.empty_like(x)
     recv = b.irecv(y, 0, FWD)
     a.progress()
     b.progress()
     assert not recv.done and eb.reads == 0, "read before the producing kernels finished"
-    for event in events:
-        event.ready = True
+    ready(events)
     a.progress()  # announces now
     b.progress()  # reads, copies out, frees the sender
     a.progress()
@@ -117,21 +124,17 @@ def test_send_is_announced_only_once_its_device_bytes_exist(direct: bool, events
 
 def test_ring_landing_slot_stays_busy_until_the_copy_out_ran(events: list) -> None:
     a, b, _, _ = pair(direct=False)
-    for event in events:
-        event.ready = True
-    send = a.isend(torch.ones(4), 1, BWD)
-    for event in events:
-        event.ready = True
+    send = a.isend(big(), 1, BWD)
+    ready(events)
     a.progress()
-    y = torch.empty(4)
+    y = torch.empty_like(big())
     recv = b.irecv(y, 0, BWD)
     b.progress()
-    assert recv.done and y.equal(torch.ones(4))
+    assert recv.done and y.equal(big())
     link = b.links[0]
-    pool = link.pools[("recv", BWD, "float32:4")]
+    pool = next(p for (role, _, _), p in link.pools.items() if role == "recv")
     assert len(link.busy_slots) == 1 and not pool._free  # the copy event is still pending
-    for event in events:
-        event.ready = True
+    ready(events)
     b.progress()
     assert not link.busy_slots and len(pool._free) == 1  # back in the pool, reused next time
     a.progress()
@@ -140,37 +143,179 @@ def test_ring_landing_slot_stays_busy_until_the_copy_out_ran(events: list) -> No
 
 def test_direct_read_waits_for_queued_users_of_the_receive_memory(events: list) -> None:
     a, b, _, eb = pair(direct=True)
-    a.isend(torch.full((3,), 2.0), 1, FWD)
+    a.isend(big(2.0), 1, FWD)
     events[0].ready = True
     a.progress()
-    y = torch.empty(3)
+    y = torch.empty_like(big())
     recv = b.irecv(y, 0, FWD)  # its event (queued kernels on recycled memory) is pending
     b.progress()
     assert not recv.done and eb.reads == 0
     events[-1].ready = True
     b.progress()
-    assert recv.done and y.equal(torch.full((3,), 2.0))
+    assert recv.done and y.equal(big(2.0))
 
 
-def test_notifier_flush_waits_for_queued_notifications() -> None:
-    """The atexit flush: a job's last "read done" must leave before the process does."""
+@pytest.mark.parametrize("direct", [True, False])
+def test_small_cpu_tensors_travel_inline_and_large_ones_by_read(direct: bool) -> None:
+    effects.reset()
+    a, b, ea, eb = pair(direct)
+    small, large = torch.arange(100.0), big(3.0)
+    sends = [a.isend(small, 1, FWD), a.isend(large, 1, FWD)]
+    assert sends[0].done and not sends[1].done  # the inline send owns a copy: done at once
+    small.zero_()  # the caller may reuse it at once
+    got = [torch.empty(100), torch.empty_like(large)]
+    recvs = [b.irecv(got[0], 0, FWD), b.irecv(got[1], 0, FWD)]
+    for _ in range(3):
+        b.progress()
+        a.progress()
+    assert all(r.done for r in recvs) and sends[1].done
+    assert got[0].equal(torch.arange(100.0)) and got[1].equal(large)
+    assert (ea.reads, eb.reads) == (0, 1)
+    # titan_effects counts each tensor once, at the receiver, by the path it took
+    assert effects.effects() == {
+        "inline_messages": 1,
+        "inline_bytes": 400,
+        "read_messages": 1,
+        "read_bytes": large.numel() * 4,
+    }
+    assert not a.links[1].declared if direct else a.links[1].declared  # direct: region retired
+    assert not b.links[0].regions if direct else b.links[0].regions
+
+
+def test_the_atexit_flush_waits_until_the_peer_takes_the_last_records() -> None:
+    """A job's last "read done" must leave before the process does."""
     import threading
-    import time
 
-    from titan_pp_rdma.notifier import Notifier
+    a, b, _, _ = pair(direct=True)
+    a.links[1].channel.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    for _ in range(64):  # more than the socket buffers hold while nobody reads
+        a.isend(torch.ones(INLINE // 4), 1, FWD)
+    assert not a.flush(0.05)
+    stop = threading.Event()
 
-    gate = threading.Event()
-    sent: list[str] = []
+    def read() -> None:
+        while not stop.is_set():
+            b.progress()
 
-    class SlowEngine:
-        def notify(self, peer: PeerAddress, name: str, msg: str) -> None:
-            gate.wait(5)
-            sent.append(msg)
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        assert a.flush(10.0)
+    finally:
+        stop.set()
+        reader.join()
+    got = [torch.empty(INLINE // 4) for _ in range(64)]
+    recvs = [b.irecv(t, 0, FWD) for t in got]
+    assert all(r.done for r in recvs) and all(t.eq(1).all() for t in got)
 
-    notifier = Notifier(SlowEngine())
-    notifier.post(PeerAddress("p", 0), "t/0", "F|f|0")
-    assert not notifier.flush(0.05) and sent == []  # still in flight: flush reports it
-    gate.set()
-    start = time.monotonic()
-    assert notifier.flush(5.0) and sent == ["F|f|0"]
-    assert time.monotonic() - start < 2
+
+# ---------------------------------------------------------------------- hostile input
+def _inject(channel: Channel, *records: tuple[str, bytes]) -> None:
+    """Send records on an authenticated channel (a peer that is buggy, not a forger)."""
+    for text, payload in records:
+        channel.queue(text, payload)
+    assert channel.flush()
+
+
+def test_records_that_do_not_check_out_are_rejected_and_never_acted_on() -> None:
+    a, b, _, eb = pair(direct=True)
+    y = torch.zeros_like(big())
+    recv = b.irecv(y, 0, FWD)
+    before = sum(security.rejected().values())
+    bogus = [
+        ("F|f|9999", b""),  # the issue's case: a read-done for a send that does not exist
+        ("S|f|float32:16385|0|4096", b""),  # an address outside any declared region
+        ("M|4096|10", b""),  # (a well-formed declaration: accepted)
+        ("S|f|float32:16385|0|4096", b""),  # declared region too small for the tensor
+        ("S|f|float32:16385|7|4096", b""),  # not the next sequence number
+        ("I|f|float32:4|0", b"\0" * 3),  # inline payload of the wrong size
+        ("S|x|float32:4|0|1", b""),
+        ("S|f|complex128:4|0|1", b""),
+        ("S|f|float32:99999999999999|0|1", b""),
+        ("U|12345", b""),
+        ("Z|whatever", b""),
+        ("S", b""),
+    ]
+    _inject(a.links[1].channel, *bogus)
+    b.progress()
+    assert sum(security.rejected().values()) - before == len(bogus) - 1
+    assert not recv.done and eb.reads == 0 and y.eq(0).all()
+    send = a.isend(big(5.0), 1, FWD)  # the real traffic still flows
+    b.wait(recv)
+    a.wait(send)
+    assert y.equal(big(5.0))
+
+
+def test_a_frame_that_fails_its_mac_breaks_the_link() -> None:
+    a, b, _, _ = pair(direct=True)
+    recv = b.irecv(torch.empty_like(big()), 0, FWD)
+    forged = Channel(a.links[1].channel.sock, b"not the key" * 3, 0, 1)
+    _inject(forged, ("S|f|float32:16385|0|4096", b""))
+    before = security.rejected().get("bad_mac", 0)
+    with pytest.raises(transport_mod.PPRdmaError, match="bad_mac"):
+        b.wait(recv)
+    assert security.rejected()["bad_mac"] == before + 1
+
+
+def test_mooncake_notifications_are_drained_and_counted() -> None:
+    a, _, ea, _ = pair(direct=True)
+    ea.drain_notifies = lambda: [("t/1", "F|f|9999")] * 5  # type: ignore[method-assign]
+    before = security.rejected().get("mooncake_notification", 0)
+    a._drained_at = 0.0
+    a.progress()
+    assert security.rejected()["mooncake_notification"] == before + 5
+
+
+def test_the_listener_accepts_only_proven_neighbours() -> None:
+    """Set-up under attack: garbage, an absurd length, forged and wrong-session hellos, silent
+    and surplus connections reach the listener before the real neighbour; only it gets in."""
+    import struct
+    import threading
+
+    from titan_pp_rdma import channel
+
+    listener = channel.open_listener("127.0.0.1")
+    host, port = listener.getsockname()[:2]
+    assert host == "127.0.0.1"
+    rogues: list[socket.socket] = []
+
+    def attack() -> None:
+        for payload in (
+            b"\x00garbage" * 40,
+            struct.pack("!I", 1 << 31) + b"x" * 32,
+            struct.pack("!I", 16) + b"\0\x0c\0\0\0\0H|t|0|1" + b"\0" * 16,  # no valid MAC
+        ):
+            s = socket.create_connection((host, port))
+            s.sendall(payload)
+            rogues.append(s)
+        other = security.session_key(b"k" * 32, "another session")
+        rogues.append(channel.connect(host, port, other, 0, 1, "t", 5.0).sock)
+        for _ in range(channel.MAX_PENDING + 4):  # silent, and more than the listener holds
+            rogues.append(socket.create_connection((host, port)))
+
+    before = security.rejected().get("unauthenticated_connection", 0)
+    result: dict = {}
+    acceptor = threading.Thread(
+        target=lambda: result.update(got=channel.accept(listener, KEY, 1, "t", {0}, 30.0))
+    )
+    acceptor.start()
+    attack()
+    real = channel.connect(host, port, KEY, 0, 1, "t", 30.0)
+    real.queue("F|f|0")  # sent right behind the hello: must not be lost
+    assert real.flush()
+    acceptor.join(60)
+    listener.close()
+    got = result["got"]
+    assert set(got) == {0}
+    records = []
+    for _ in range(100):
+        records += got[0].receive()
+        if records:
+            break
+        time.sleep(0.01)
+    assert [text for text, _ in records] == ["F|f|0"]
+    assert security.rejected()["unauthenticated_connection"] - before >= 4
+    for s in rogues:
+        s.close()
+    got[0].close()
+    real.close()

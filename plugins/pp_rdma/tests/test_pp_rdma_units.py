@@ -7,8 +7,10 @@ from typing import Any
 import pytest
 import torch
 from titan_pp_rdma import mooncake_engine, report, torch_p2p
-from titan_pp_rdma.settings import PPRdmaSettings
+from titan_pp_rdma.settings import SETTINGS, PPRdmaSettings
 from titan_pp_rdma.wire import decode, describe_key, encode, key_nbytes, parse_key, tensor_key
+
+from titan_plugins.settings import SettingError, problems
 
 
 @pytest.mark.parametrize(
@@ -23,7 +25,7 @@ def test_tensor_key_round_trip(shape: tuple, dtype: torch.dtype, nbytes: int) ->
 
 
 def test_messages_round_trip_and_error_text_stays_whole() -> None:
-    assert decode(encode("D", "f", "float32:4x2", 7, 1)) == ["D", "f", "float32:4x2", "7", "1"]
+    assert decode(encode("S", "f", "float32:4x2", 7, 1)) == ["S", "f", "float32:4x2", "7", "1"]
     assert decode(encode("E", "a|b: c")) == ["E", "a|b: c"]
 
 
@@ -31,11 +33,59 @@ def test_settings_from_env(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None
     monkeypatch.setenv("TITAN_PP_RDMA_PROTOCOL", "tcp")
     monkeypatch.setenv("TITAN_PP_RDMA_TIMEOUT_S", "2.5")
     monkeypatch.setenv("TITAN_PP_RDMA_METADATA", "http://127.0.0.1:8080/metadata")
+    monkeypatch.setenv("TITAN_PP_RDMA_INLINE_BYTES", "16K")
     monkeypatch.setenv("TITAN_PP_RDMA_BUFFERS", "zero")  # malformed: warns, keeps the default
     s = PPRdmaSettings.from_env()
     assert "TITAN_PP_RDMA_BUFFERS" in caplog.text and "zero" in caplog.text
-    assert (s.protocol, s.timeout_s, s.buffers) == ("tcp", 2.5, "auto")
+    assert (s.protocol, s.timeout_s, s.buffers, s.inline_bytes) == ("tcp", 2.5, "auto", 16384)
     assert s.metadata == "http://127.0.0.1:8080/metadata"
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("TITAN_PP_RDMA_TIMEOUT_S", "nan"),  # issue 14: nan / inf / 1e15 were accepted
+        ("TITAN_PP_RDMA_TIMEOUT_S", "inf"),
+        ("TITAN_PP_RDMA_TIMEOUT_S", "1e15"),
+        ("TITAN_PP_RDMA_TIMEOUT_S", "0.01"),
+        ("TITAN_PP_RDMA_METADATA", "bogus"),
+        ("TITAN_PP_RDMA_METADATA", "etcd://host-without-port"),
+        ("TITAN_PP_RDMA_HOST", "0.0.0.0"),  # would listen on every interface
+        ("TITAN_PP_RDMA_HOST", "::"),
+        ("TITAN_PP_RDMA_HOST", "bad host!"),
+        ("TITAN_PP_RDMA_DEVICE", "mlx5_0;reboot"),
+        ("TITAN_PP_RDMA_INLINE_BYTES", "2G"),
+        ("TITAN_PP_RDMA_BUFFERS", "zero"),
+    ],
+)
+def test_bad_knob_values_are_reported_and_refused_under_strict(
+    monkeypatch: pytest.MonkeyPatch, var: str, value: str
+) -> None:
+    monkeypatch.setenv(var, value)
+    messages = problems(SETTINGS)
+    assert len(messages) == 1 and var in messages[0] and repr(value) in messages[0], messages
+    monkeypatch.setenv("TITAN_PLUGINS_STRICT", "0")
+    assert PPRdmaSettings.from_env() == PPRdmaSettings()  # lenient: warns, uses the default
+    monkeypatch.setenv("TITAN_PLUGINS_STRICT", "1")
+    with pytest.raises(SettingError, match=var):
+        PPRdmaSettings.from_env()
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("TITAN_PP_RDMA_METADATA", "P2PHANDSHAKE"),
+        ("TITAN_PP_RDMA_METADATA", "redis://10.0.0.1:6379"),
+        ("TITAN_PP_RDMA_HOST", "10.1.2.3"),
+        ("TITAN_PP_RDMA_HOST", "node-17.cluster.local"),
+        ("TITAN_PP_RDMA_HOST", "fe80::1"),
+        ("TITAN_PP_RDMA_DEVICE", "mlx5_0,mlx5_1"),
+        ("TITAN_PP_RDMA_TIMEOUT_S", "86400"),
+    ],
+)
+def test_good_knob_values_pass(monkeypatch: pytest.MonkeyPatch, var: str, value: str) -> None:
+    monkeypatch.setenv(var, value)
+    assert problems(SETTINGS) == []
 
 
 def test_protocol_autodetect(monkeypatch: pytest.MonkeyPatch) -> None:

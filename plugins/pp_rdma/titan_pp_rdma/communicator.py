@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from titan_pp_rdma import effects
 from titan_pp_rdma.settings import PPRdmaSettings
 from titan_pp_rdma.torch_p2p import HeldWork, alias, batched_p2p_ops_fixed
 from titan_pp_rdma.wire import BWD, FWD
@@ -98,21 +99,26 @@ def build_communicator_class(base: type) -> type:
         def _post_mooncake(self, session, send_next, send_prev, recv_prev, recv_next) -> dict:
             tr = session.transport
             reqs: dict[str, Any] = {}
-            # Sends are staged (copied) at post time, so the caller may free them at once.
-            if send_next is not None:
-                reqs["send_next"] = tr.isend(send_next, self.next_rank, FWD)
-            if send_prev is not None:
-                reqs["send_prev"] = tr.isend(send_prev, self.prev_rank, BWD)
-            if recv_prev is not None:
-                reqs["recv_prev"] = tr.irecv(recv_prev, self.prev_rank, FWD)
-            if recv_next is not None:
-                reqs["recv_next"] = tr.irecv(recv_next, self.next_rank, BWD)
+            # Sends are staged (copied) at post time, so the caller may free them at once. The
+            # ops of one call leave as one frame per peer (one control message per VPP step).
+            with tr.batch():
+                if send_next is not None:
+                    reqs["send_next"] = tr.isend(send_next, self.next_rank, FWD)
+                if send_prev is not None:
+                    reqs["send_prev"] = tr.isend(send_prev, self.prev_rank, BWD)
+                if recv_prev is not None:
+                    reqs["recv_prev"] = tr.irecv(recv_prev, self.prev_rank, FWD)
+                if recv_next is not None:
+                    reqs["recv_next"] = tr.irecv(recv_next, self.next_rank, BWD)
             return reqs
 
         def _post_torch(self, session, send_next, send_prev, recv_prev, recv_next) -> dict:
             from megatron.core.pipeline_parallel import p2p_communication
 
             send_next, send_prev = alias(send_next), alias(send_prev)
+            for received in (recv_prev, recv_next):  # counted at the receiver, as the reads are
+                if received is not None:
+                    effects.count("torch", received.numel() * received.element_size())
             kwargs = dict(
                 tensor_send_prev=send_prev,
                 tensor_recv_prev=recv_prev,

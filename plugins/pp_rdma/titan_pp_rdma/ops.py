@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from titan_pp_rdma.buffers import SlotPool
-from titan_pp_rdma.mooncake_engine import PeerAddress
 from titan_pp_rdma.wire import tensor_key
 
 if TYPE_CHECKING:
+    from titan_pp_rdma.channel import Channel
     from titan_pp_rdma.transport import MooncakeTransport
 
 
@@ -31,7 +31,8 @@ class Op:
 
     def is_completed(self) -> bool:
         """Drive progress once and tell whether the op is done."""
-        self.transport.progress()
+        if not self.done:
+            self.transport.progress()
         return self.done
 
 
@@ -41,6 +42,7 @@ class SendOp(Op):
     def __init__(self, transport: MooncakeTransport, peer: int, ch: str, t: torch.Tensor, seq: int):
         super().__init__(transport, peer, ch, t, seq)
         self.event: Any = None  # device work producing the bytes; announce once it is done
+        self.announced_at = 0.0
 
 
 class RecvOp(Op):
@@ -50,6 +52,12 @@ class RecvOp(Op):
         super().__init__(transport, peer, ch, t, seq)
         self.tensor = t
         self.batch_id: int | None = None
+        self.nbytes = 0
+        self.posted_at = 0.0
+        self.read_at = 0.0  # when the read was submitted
+        self.due = 0.0  # when polling it is next worth it
+        self.predicted = 0.0  # expected duration of the read
+        self.polled_at = 0.0  # last poll that found it still pending
         # direct mode on a GPU: kernels queued before the post may still use this memory (the
         # caching allocator recycles it stream-ordered); a NIC write is not stream-ordered.
         self.event: Any = None
@@ -58,13 +66,22 @@ class RecvOp(Op):
 class Link:
     """Protocol state towards one peer rank (both channels)."""
 
-    def __init__(self, address: PeerAddress) -> None:
-        self.address = address
+    def __init__(self, segment: str, channel: Channel) -> None:
+        self.segment = segment  # the peer's Mooncake segment (what reads target)
+        self.channel = channel
         self.send_seq = {"f": 0, "b": 0}
         self.recv_seq = {"f": 0, "b": 0}
-        self.sends: dict[tuple[str, int], SendOp] = {}  # awaiting the receiver's F
+        self.next_announce = {"f": 0, "b": 0}  # the only sequence number the peer may announce
+        self.sends: dict[tuple[str, int], SendOp] = {}  # announced, awaiting the receiver's F
         self.recvs: dict[tuple[str, int], RecvOp] = {}  # posted, not complete
-        self.announced: dict[tuple[str, int], tuple[str, int]] = {}  # S: (ch, seq) -> (key, addr)
+        # (ch, seq) -> ("S", key, addr) or ("I", key, payload): announced, not yet received
+        self.announced: dict[tuple[str, int], tuple[str, str, Any]] = {}
+        self.regions: dict[int, int] = {}  # base -> length: memory the peer registered for us
+        self.declared: set[int] = set()  # bases of our memory declared to the peer
         self.unannounced: list[SendOp] = []  # sends whose device bytes are not ready yet
         self.busy_slots: list[tuple[Any, SlotPool, torch.Tensor]] = []  # (event, pool, slot)
         self.pools: dict[tuple[str, str, str], SlotPool] = {}  # (role, ch, key)
+
+    def outstanding(self) -> bool:
+        """Whether any op of this link still needs the peer."""
+        return bool(self.sends or self.recvs or self.unannounced)

@@ -89,9 +89,9 @@ def titan_register_patches(register: Callable[[Patch], None]) -> None:
 @hookimpl
 def titan_settings() -> list[Any]:
     """The ``TITAN_PP_RDMA_*`` knobs."""
-    from titan_pp_rdma.settings import declared
+    from titan_pp_rdma.settings import SETTINGS
 
-    return declared()
+    return list(SETTINGS)
 
 
 @hookimpl
@@ -114,6 +114,15 @@ def titan_report() -> dict[str, Any]:
     from titan_pp_rdma.report import report
 
     return report()
+
+
+@hookimpl
+def titan_effects() -> dict[str, Any]:
+    """Pipeline tensors received here, by path: ``read`` (one-sided Mooncake reads), ``inline``
+    (small CPU tensors inside the authenticated control frame), ``torch`` (fallback)."""
+    from titan_pp_rdma.effects import effects
+
+    return effects()
 
 
 @hookimpl

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from titan_pp_rdma import security
 from titan_pp_rdma.mooncake_engine import rdma_nics, resolve_protocol
 from titan_pp_rdma.probe import probe_mooncake
 from titan_pp_rdma.session import STATE
@@ -31,6 +32,12 @@ def report() -> dict[str, Any]:
     if STATE.engine_error:
         state["engine_error"] = STATE.engine_error
     state["timeout_s"] = settings.timeout_s
+    if STATE.engine is not None:
+        state["listeners"] = STATE.engine.listeners
+        for name, msg in STATE.engine.drain_notifies():  # pp_rdma sends none
+            security.reject("mooncake_notification", f"name {name[:80]!r} msg {msg[:80]!r}")
+    # Control input that failed authentication or validation (never acted on), by reason.
+    state["rejected"] = security.rejected()
     return state
 
 

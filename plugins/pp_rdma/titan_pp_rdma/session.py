@@ -1,15 +1,19 @@
-"""Session setup: pick the backend per pipeline group and exchange Mooncake addresses.
+"""Session setup: pick the backend per pipeline group, exchange addresses, connect neighbours.
 
-Every rank of the pipeline group publishes ``{"backend", "session_id", "mailbox", "why"}`` in the
+Every rank of the pipeline group publishes ``{"backend", "session_id", "control", "why"}`` in the
 torch.distributed store and waits (bounded by ``TITAN_PP_RDMA_TIMEOUT_S``) for the others. The
 group uses Mooncake only when every member can; otherwise all fall back to torch.distributed
-together, so ranks never disagree on the transport. Sessions are cached per group membership:
+together, so ranks never disagree on the transport. With Mooncake, each rank then opens one
+authenticated control connection per neighbour (the lower rank connects to the higher rank's
+listener, which is bound to the job's address and closed as soon as its neighbours are in), keyed
+by the job secret from the store (``security.py``). Sessions are cached per group membership:
 megatron builds a new ``P2PCommunicator`` every step, and the registered buffers must outlive it.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -18,8 +22,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from titan_pp_rdma import channel, security
 from titan_pp_rdma.errors import PPRdmaError, PPRdmaTimeout
-from titan_pp_rdma.mooncake_engine import MooncakeEngine, PeerAddress
+from titan_pp_rdma.mooncake_engine import MooncakeEngine
+from titan_pp_rdma.ops import Link
 from titan_pp_rdma.probe import probe_mooncake
 from titan_pp_rdma.settings import PPRdmaSettings
 from titan_pp_rdma.transport import MooncakeTransport
@@ -107,18 +113,9 @@ def open_session(pp_group: Any, settings: PPRdmaSettings | None = None) -> Sessi
             if session.transport is None or session.transport.error is None:
                 return session
         if session is not None and session.transport is not None:
-            session.transport.close()  # replaced (new knobs or after an error): stop its inbox
+            session.transport.close()  # replaced (new knobs or after an error)
         me = dist.get_rank()
         engine = None if settings.backend == "torch" else _engine(settings)
-        if engine is not None:
-            buffers = settings.buffers
-            if buffers == "auto":  # registering fresh memory is free on TCP, costly on RDMA
-                buffers = "direct" if engine.protocol == "tcp" else "ring"
-            record = {"backend": "mooncake", **engine.address.__dict__}
-        elif settings.backend == "torch":
-            record = {"backend": "torch", "why": "TITAN_PP_RDMA_BACKEND=torch"}
-        else:
-            record = {"backend": "torch", "why": STATE.engine_error}
         if settings.backend == "mooncake" and engine is None:
             raise PPRdmaError(
                 f"pp_rdma: TITAN_PP_RDMA_BACKEND=mooncake but {STATE.engine_error}; "
@@ -129,32 +126,83 @@ def open_session(pp_group: Any, settings: PPRdmaSettings | None = None) -> Sessi
         n = STATE.opened.get(ranks, 0)
         STATE.opened[ranks] = n + 1
         prefix = f"titan_pp_rdma/{'-'.join(map(str, ranks))}/{n}"
-        records = _exchange(prefix, me, ranks, record, settings.timeout_s, pp_group)
-        refusing = {
-            r: rec.get("why", "") for r, rec in records.items() if rec["backend"] != "mooncake"
-        }
-        if refusing:
-            why = "; ".join(f"rank {r}: {w}" for r, w in sorted(refusing.items()))
-            session = Session(ranks, None, f"torch.distributed P2P ({why})", settings)
-        else:
-            idx = ranks.index(me)
-            peers = {ranks[(idx + d) % len(ranks)] for d in (-1, 1)} - {me}
-            addrs = {p: PeerAddress(records[p]["session_id"], records[p]["mailbox"]) for p in peers}
-            device = _device()
-            transport = MooncakeTransport(
-                engine,
-                me,
-                addrs,
-                prefix,
-                direct=buffers == "direct",
-                timeout_s=settings.timeout_s,
-                device=device,
-            )
-            why = f"mooncake {engine.protocol}, {buffers} buffers ({engine.metadata})"
-            session = Session(ranks, transport, why, settings)
+        listener = channel.open_listener(engine.host) if engine is not None else None
+        try:
+            if engine is not None:
+                assert listener is not None
+                record = {
+                    "backend": "mooncake",
+                    "session_id": engine.session_id,
+                    "control": [engine.host, listener.getsockname()[1]],
+                }
+            elif settings.backend == "torch":
+                record = {"backend": "torch", "why": "TITAN_PP_RDMA_BACKEND=torch"}
+            else:
+                record = {"backend": "torch", "why": STATE.engine_error}
+            if _store() is None:  # no store to hold the job secret: the group's collective does
+                record["secret"] = secrets.token_hex(32)
+            records = _exchange(prefix, me, ranks, record, settings.timeout_s, pp_group)
+            refusing = {
+                r: rec.get("why", "") for r, rec in records.items() if rec["backend"] != "mooncake"
+            }
+            if refusing:
+                why = "; ".join(f"rank {r}: {w}" for r, w in sorted(refusing.items()))
+                session = Session(ranks, None, f"torch.distributed P2P ({why})", settings)
+            else:
+                assert engine is not None and listener is not None
+                session = _mooncake_session(engine, listener, settings, prefix, ranks, records)
+        finally:
+            if listener is not None:
+                listener.close()  # nothing else may connect once the neighbours are in
         STATE.sessions[ranks] = session
         STATE.last = {"backend": "mooncake" if session.transport else "torch", "why": session.why}
         return session
+
+
+def _mooncake_session(
+    engine: MooncakeEngine,
+    listener: Any,
+    settings: PPRdmaSettings,
+    prefix: str,
+    ranks: tuple[int, ...],
+    records: dict[int, dict],
+) -> Session:
+    me = dist.get_rank()
+    store = _store()
+    if store is not None:
+        secret = security.job_secret(store)
+    else:
+        secret = bytes.fromhex(records[min(ranks)]["secret"])
+    key = security.session_key(secret, prefix)
+    idx = ranks.index(me)
+    peers = {ranks[(idx + d) % len(ranks)] for d in (-1, 1)} - {me}
+    channels = {}
+    try:
+        for peer in sorted(p for p in peers if p > me):
+            host, port = records[peer]["control"]
+            channels[peer] = channel.connect(host, port, key, me, peer, prefix, settings.timeout_s)
+        lower = {p for p in peers if p < me}
+        if lower:
+            channels.update(channel.accept(listener, key, me, prefix, lower, settings.timeout_s))
+    except BaseException:
+        for ch in channels.values():
+            ch.close()
+        raise
+    buffers = settings.buffers
+    if buffers == "auto":  # registering fresh memory is free on TCP, costly on RDMA
+        buffers = "direct" if engine.protocol == "tcp" else "ring"
+    transport = MooncakeTransport(
+        engine,
+        me,
+        {p: Link(records[p]["session_id"], channels[p]) for p in peers},
+        prefix,
+        direct=buffers == "direct",
+        timeout_s=settings.timeout_s,
+        device=_device(),
+        inline_bytes=settings.inline_bytes,
+    )
+    why = f"mooncake {engine.protocol}, {buffers} buffers ({engine.metadata})"
+    return Session(ranks, transport, why, settings)
 
 
 def reset() -> None:

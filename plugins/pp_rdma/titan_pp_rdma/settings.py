@@ -1,20 +1,135 @@
-"""The plugin's environment knobs (``TITAN_PP_RDMA_*``), read lazily at session setup."""
+"""The plugin's environment knobs (``TITAN_PP_RDMA_*``): declared once, read through ``.read()``.
+
+The core checks them at activation (a bad value is an error under ``TITAN_PLUGINS_STRICT=1``, a
+warning naming the variable, the value and what is accepted otherwise, and the default is used).
+The session reads them once per communicator into a :class:`PPRdmaSettings`.
+"""
 
 from __future__ import annotations
 
-import os
+import ipaddress
+import re
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
-from titan_plugins.settings import Setting, env_choice, env_float
+from titan_plugins.settings import BYTES, Setting
 
 BACKENDS = ("auto", "mooncake", "torch")
 PROTOCOLS = ("auto", "rdma", "tcp")
 BUFFERS = ("auto", "ring", "direct")
+METADATA_SCHEMES = ("etcd", "redis", "http", "https")
+_HOSTNAME = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
+_NIC = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
+
+
+def _check_metadata(value: str) -> str | None:
+    if value == "P2PHANDSHAKE":
+        return None
+    parts = urlsplit(value)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme not in METADATA_SCHEMES or not parts.hostname or port is None:
+        return (
+            "expected P2PHANDSHAKE or a metadata server URL with host and port: etcd://h:p, "
+            "redis://h:p or http://h:p/metadata"
+        )
+    return None
+
+
+def _check_device(value: str) -> str | None:
+    bad = [nic for nic in value.split(",") if not _NIC.fullmatch(nic.strip())]
+    return (
+        f"not RDMA device names: {', '.join(map(repr, bad))} (e.g. mlx5_0,mlx5_1)" if bad else None
+    )
+
+
+def _check_host(value: str) -> str | None:
+    try:
+        if ipaddress.ip_address(value).is_unspecified:
+            return (
+                "a wildcard is not an address peers can reach, and pp_rdma never listens on "
+                "every interface: give this host's address on the job's network"
+            )
+        return None
+    except ValueError:
+        pass
+    return None if _HOSTNAME.fullmatch(value) else "not an IP address or host name"
+
+
+BACKEND = Setting(
+    "TITAN_PP_RDMA_BACKEND",
+    str,
+    "auto",
+    "mooncake | torch | auto (Mooncake when importable, else torch.distributed P2P)",
+    choices=BACKENDS,
+)
+PROTOCOL = Setting(
+    "TITAN_PP_RDMA_PROTOCOL",
+    str,
+    "auto",
+    "Mooncake protocol: rdma | tcp | auto (rdma when an RDMA NIC is visible)",
+    choices=PROTOCOLS,
+)
+METADATA = Setting(
+    "TITAN_PP_RDMA_METADATA",
+    str,
+    "P2PHANDSHAKE",
+    "P2PHANDSHAKE (no server) or a metadata server: etcd://h:p, redis://h:p, http://h:p/metadata",
+    validate=_check_metadata,
+)
+DEVICE = Setting(
+    "TITAN_PP_RDMA_DEVICE",
+    str,
+    "",
+    "comma-separated RDMA NIC names for Mooncake (empty: auto)",
+    validate=_check_device,
+    default_text="(auto)",
+)
+HOST = Setting(
+    "TITAN_PP_RDMA_HOST",
+    str,
+    "",
+    "address peers reach this rank on, and the only one pp_rdma and Mooncake listen on (empty: "
+    "127.0.0.1 for a local job, else the interface that routes to MASTER_ADDR)",
+    validate=_check_host,
+    default_text="(auto)",
+)
+TIMEOUT_S = Setting(
+    "TITAN_PP_RDMA_TIMEOUT_S",
+    float,
+    300.0,
+    "seconds before a missing peer / transfer raises instead of waiting",
+    minimum=0.1,
+    maximum=86400.0,
+)
+BUFFERS_KNOB = Setting(
+    "TITAN_PP_RDMA_BUFFERS",
+    str,
+    "auto",
+    "ring: registered slots per (peer, direction, shape, dtype) reused across microbatches, one "
+    "copy per side (RDMA default); direct: register the tensors themselves, no copy (TCP "
+    "default)",
+    choices=BUFFERS,
+)
+INLINE_BYTES = Setting(
+    "TITAN_PP_RDMA_INLINE_BYTES",
+    BYTES,
+    64 << 10,
+    "CPU tensors up to this size travel inside their announce on the control connection "
+    "instead of a Mooncake transfer (0: never)",
+    minimum=0,
+    maximum=1 << 20,
+)
+SETTINGS = [BACKEND, PROTOCOL, METADATA, DEVICE, HOST, TIMEOUT_S, BUFFERS_KNOB, INLINE_BYTES]
 
 
 @dataclass(frozen=True)
 class PPRdmaSettings:
-    """Resolved knobs for one transport session."""
+    """Resolved knobs for one transport session (compared to decide whether to reopen it)."""
 
     backend: str = "auto"
     protocol: str = "auto"
@@ -23,63 +138,18 @@ class PPRdmaSettings:
     host: str = ""
     timeout_s: float = 300.0
     buffers: str = "auto"
+    inline_bytes: int = 64 << 10
 
     @classmethod
     def from_env(cls) -> PPRdmaSettings:
         """Read every ``TITAN_PP_RDMA_*`` knob (a malformed value warns and uses the default)."""
         return cls(
-            backend=env_choice("TITAN_PP_RDMA_BACKEND", BACKENDS, "auto"),
-            protocol=env_choice("TITAN_PP_RDMA_PROTOCOL", PROTOCOLS, "auto"),
-            metadata=os.environ.get("TITAN_PP_RDMA_METADATA", "").strip() or "P2PHANDSHAKE",
-            device=os.environ.get("TITAN_PP_RDMA_DEVICE", "").strip(),
-            host=os.environ.get("TITAN_PP_RDMA_HOST", "").strip(),
-            timeout_s=env_float("TITAN_PP_RDMA_TIMEOUT_S", 300.0, minimum=0.1),
-            buffers=env_choice("TITAN_PP_RDMA_BUFFERS", BUFFERS, "auto"),
+            backend=BACKEND.read(),
+            protocol=PROTOCOL.read(),
+            metadata=METADATA.read(),
+            device=DEVICE.read(),
+            host=HOST.read(),
+            timeout_s=TIMEOUT_S.read(),
+            buffers=BUFFERS_KNOB.read(),
+            inline_bytes=INLINE_BYTES.read(),
         )
-
-
-def declared() -> list[Setting]:
-    """The knobs as ``Setting`` records (for ``titan-plugins env`` and the README)."""
-    return [
-        Setting(
-            var="TITAN_PP_RDMA_BACKEND",
-            default="auto",
-            doc="mooncake | torch | auto (Mooncake when importable, else torch.distributed P2P)",
-            choices=BACKENDS,
-        ),
-        Setting(
-            var="TITAN_PP_RDMA_PROTOCOL",
-            default="auto",
-            doc="Mooncake protocol: rdma | tcp | auto (rdma when an RDMA NIC is visible)",
-            choices=PROTOCOLS,
-        ),
-        Setting(
-            var="TITAN_PP_RDMA_METADATA",
-            default="P2PHANDSHAKE",
-            doc="P2PHANDSHAKE (no server) or etcd://h:p, redis://h:p, http://h:p/metadata",
-        ),
-        Setting(
-            var="TITAN_PP_RDMA_DEVICE",
-            default="",
-            doc="comma-separated RDMA NIC names for Mooncake (empty: auto)",
-        ),
-        Setting(
-            var="TITAN_PP_RDMA_HOST",
-            default="",
-            doc="address peers reach this rank on (empty: 127.0.0.1 for a local job, else the "
-            "interface that routes to MASTER_ADDR)",
-        ),
-        Setting(
-            var="TITAN_PP_RDMA_TIMEOUT_S",
-            default="300",
-            doc="seconds before a missing peer / transfer raises instead of waiting",
-        ),
-        Setting(
-            var="TITAN_PP_RDMA_BUFFERS",
-            default="auto",
-            doc="ring: registered slots per (peer, direction, shape, dtype) reused across "
-            "microbatches, one copy per side (RDMA default); direct: register the tensors "
-            "themselves, no copy (TCP default)",
-            choices=BUFFERS,
-        ),
-    ]

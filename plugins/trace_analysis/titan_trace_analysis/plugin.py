@@ -11,7 +11,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from titan_plugins import hookimpl
-from titan_plugins.patching import SUPPORTED_MEGATRON, Patch
+from titan_plugins.patching import SUPPORTED_MEGATRON, Patch, Signature
 from titan_plugins.settings import Setting
 
 from . import capture
@@ -49,6 +49,8 @@ def titan_register_patches(register: Callable[[Patch], None]) -> None:
                 target=f"{P2P}.{method}",
                 replace=capture.wrap_p2p,
                 requires=SUPPORTED_MEGATRON,
+                # the wrapper passes every argument through; only the method must be there
+                signature=Signature(positional=("self",)),
                 rationale="name each pipeline transfer in the trace (titan.p2p:<method>) so the "
                 "analyzer knows its direction and peer without collective args, and on CPU "
                 "runs where P2P launches no kernel",

@@ -1,0 +1,162 @@
+"""How a transport makes progress: the waiting thread drives, a helper ticks meanwhile.
+
+A ``wait`` drives progress itself: it sleeps in ``select`` on the control sockets, so a record
+wakes it at once, and polls a Mooncake transfer in flight only around its predicted end, with
+short naps whose timer slack is lowered (the kernel's default 50 us slack turned a 10 us nap
+into ~70 us). Every post (``isend`` / ``irecv``) runs a progress round too.
+
+While the training thread computes with ops outstanding, a helper thread runs a round every
+``TICK_S`` (sooner when a transfer is due), so reads start and read-done answers go out during
+compute. It wakes only on its own timer, never on a control socket or when the training thread
+posts or leaves a wait: a second thread made runnable at those moments competes for the GIL and
+the core exactly when the message is on its critical path (that doubled a small round trip). It
+does nothing while a ``wait`` drives, and ticks slowly (``IDLE_TICK_S``) when nothing is
+outstanding.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import select
+import socket
+import threading
+import time
+import weakref
+from typing import Any
+
+from titan_pp_rdma.errors import PPRdmaError
+
+FIRST_NAP_S = 1e-5
+MAX_NAP_S = 1e-4  # a waiting rank polls a transfer in flight at least this often
+IDLE_S = 0.5  # longest sleep when only a socket can bring news
+TICK_S = 1e-3  # the helper's round interval while ops are outstanding
+IDLE_TICK_S = 5e-3  # and while nothing is
+FINE_SLACK_NS = 1000
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+_LIBC: Any = None
+
+
+def timer_slack(ns: int | None) -> int | None:
+    """Set this thread's timer slack (Linux ``prctl``); returns the previous value.
+
+    The kernel lets a sleep overrun by the slack, 50 us by default: a 10 us poll nap became
+    ~70 us. While a thread polls a transfer, 1 us makes naps what they say.
+    """
+    try:
+        global _LIBC
+        _LIBC = _LIBC or ctypes.CDLL(None)
+        prctl = _LIBC.prctl
+        previous = prctl(30, 0, 0, 0, 0)  # PR_GET_TIMERSLACK
+        if ns is not None and previous >= 0:
+            prctl(29, ns, 0, 0, 0)  # PR_SET_TIMERSLACK
+        return previous if previous >= 0 else None
+    except (AttributeError, OSError):
+        return None
+
+
+class DriverMixin:
+    """Helper thread, sleeping and waking (mixed into ``MooncakeTransport``)."""
+
+    links: dict[int, Any]
+    error: PPRdmaError | None
+    _lock: Any
+
+    def _round(self) -> float | None:  # implemented by the transport
+        raise NotImplementedError
+
+    def _start_driver(self, background: bool, rank: int) -> None:
+        self._waiting = 0
+        self._closed = False
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(
+                target=self._drive, name=f"pp_rdma-progress-{rank}", daemon=True
+            )
+            self._thread.start()
+        _LIVE.add(self)
+
+    def _block(self, timeout: float, sockets: bool = True) -> None:
+        """Sleep until a control socket (if ``sockets``) or a poke needs us, at most ``timeout``."""
+        channels = [ln.channel for ln in self.links.values() if sockets and not ln.channel.eof]
+        readable = [self._wake_r, *channels]
+        writable = [c for c in channels if c.wants_write]
+        try:
+            select.select(readable, writable, [], max(timeout, 0.0))
+        except (OSError, ValueError):  # a socket closed under us: the next round reports it
+            time.sleep(min(timeout, 1e-3))
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def _poke(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass
+
+    def _outstanding(self) -> bool:
+        return any(ln.outstanding() or ln.channel.wants_write for ln in self.links.values())
+
+    def _drive(self) -> None:
+        """The helper thread: a progress round every tick while the training thread computes."""
+        timer_slack(FINE_SLACK_NS)
+        while not self._closed:
+            if self._waiting or self.error is not None:  # the training thread drives
+                self._block(TICK_S, sockets=False)
+                continue
+            due = None
+            with self._lock:
+                if self._closed:
+                    break
+                try:
+                    due = self._round()
+                except PPRdmaError:
+                    pass  # recorded in self.error; the training thread raises it
+                except Exception as exc:  # a bug must surface, not kill progress silently
+                    self.error = PPRdmaError(f"pp_rdma: progress thread failed: {exc!r}")
+                busy = self.error is None and self._outstanding()
+            if not busy:
+                self._block(IDLE_TICK_S, sockets=False)
+            else:
+                early = TICK_S if due is None else due - time.perf_counter()
+                self._block(min(max(early, FIRST_NAP_S), TICK_S), sockets=False)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Send every queued record (e.g. the job's last read-done); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self._lock.acquire(timeout=max(deadline - time.monotonic(), 0)):
+                return False
+            try:
+                pending = [ln.channel for ln in self.links.values() if not ln.channel.flush()]
+            finally:
+                self._lock.release()
+            if not pending or all(c.eof for c in pending):
+                return True
+            select.select([], pending, [], 0.01)
+        return False
+
+    def _stop_driver(self) -> None:
+        self._closed = True
+        self._poke()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
+
+    def _close_wakeup(self) -> None:
+        self._wake_r.close()
+        self._wake_w.close()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    # The last "read done" of a job must still reach its sender, or the sender's final send
+    # never completes: drain what is queued before the interpreter exits.
+    for transport in list(_LIVE):
+        if not transport._closed:
+            transport.flush(5.0)
