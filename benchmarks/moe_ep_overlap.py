@@ -17,7 +17,8 @@ gets: ``--chunks`` with the automatic serial-vs-pipeline choice, after its first
    in the wait by a sleep computed from a serial-link model (same calibration). It shows the
    schedule keeps transfers in flight; it says nothing about a network.
 4. ``gpu``: ``gpu_benchmark()`` - CUDA with NCCL (DeepEP if a compatible v1 is installed), one
-   process per GPU; needs >= 2 GPUs, else skipped with a message.
+   process per GPU; needs >= 2 GPUs, else skipped with a message. ``--section gpu --gpu-smoke``
+   runs it tiny on CPU (``scripts/gpu_check.sh --dry-run``).
 
     .venv/bin/python benchmarks/moe_ep_overlap.py [--section plain|netns|sleep-model|gpu|all]
         [--rounds 15] [--force]
@@ -370,6 +371,35 @@ def _gpu_worker(rank: int, world: int, shape: dict, chunks: int, rounds: int, qu
     dist.destroy_process_group()
 
 
+def gpu_section(args: argparse.Namespace) -> None:
+    """``--section gpu`` (``scripts/gpu_check.sh``): the GPU comparison, its figures emitted.
+
+    EP=2 needs two GPUs (NCCL refuses two ranks on one device): on one GPU the section says so
+    in its result. ``--gpu-smoke`` runs the same measurement tiny on CPU (EP=2 on gloo).
+    """
+    import gpu_check
+
+    if args.gpu_smoke:
+        from titan_plugins.testing.workers import GlooWorkerPool
+
+        shape = dict(tokens=256, hidden=64, ffn=128, experts=4, topk=2)
+        with GlooWorkerPool(2) as pool:
+            rows = pool.run(plain_task, shape, 2, 3, timeout=600)
+        row = rows[0]
+        _print("gpu-smoke r0", row)
+    else:
+        row = gpu_benchmark(_shape(args), args.chunks, args.rounds)
+        if row is None:
+            import torch
+
+            found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            gpu_check.emit({"skipped": f"EP=2 needs 2 CUDA devices, found {found}"})
+            return
+        _print("gpu", row)
+    keys = ("serial_ms", "auto_ms", "pipeline_ms", "auto_ratio", "pipeline_ratio", "auto_choice")
+    gpu_check.emit({key: row[key] for key in keys} | {"backend": row.get("backend", "torch")})
+
+
 # ------------------------------------------------------------------ command line
 def _shape(args: argparse.Namespace) -> dict:
     return dict(tokens=args.tokens, hidden=args.hidden, ffn=args.ffn, experts=args.experts,
@@ -407,6 +437,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--topk", type=int, default=2)
     parser.add_argument("--comm-ratio", type=float, default=1.0,
                         help="all-to-all time / expert compute on the limited link")  # fmt: skip
+    parser.add_argument("--gpu-smoke", action="store_true",
+                        help="--section gpu tiny on CPU (EP=2 on gloo; scripts/gpu_check.sh)")  # fmt: skip
     parser.add_argument("--link-worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--master", default=None, help=argparse.SUPPRESS)
     loadguard.add_arguments(parser)
@@ -420,6 +452,9 @@ def main() -> None:
     args = _parser().parse_args()
     if args.link_worker is not None:
         link_worker(args)
+        return
+    if args.section == "gpu":
+        gpu_section(args)
         return
     shape, wanted = _shape(args), {args.section}
     if args.section == "all":

@@ -15,8 +15,10 @@ Prints, each against gloo measured in the same run (ratio > 1: pp_rdma faster; g
 3. where pp_rdma's time goes, per phase (``titan_pp_rdma.stats``), in extra ping-pong rounds;
 4. PP=2 x VPP=2 step time of the tiny MoE GPT through megatron-core's schedules
    (``overlap_p2p_comm``), plugin on (Mooncake) vs off (gloo), checked for identical losses;
-5. on a CUDA machine only (``gpu_rdma_section``): device tensors over Mooncake (protocol auto,
-   i.e. RDMA when a NIC is visible, ring buffers) vs NCCL send/recv. Needs the CUDA wheel.
+5. on a CUDA machine only (``gpu_section``, alone with ``--section gpu``): device tensors over
+   Mooncake (protocol auto, i.e. RDMA when a NIC is visible, ring buffers) vs NCCL send/recv
+   (two GPUs) or gloo through host memory (one GPU shared by both ranks); ``--gpu-smoke`` runs
+   it tiny on CPU (``scripts/gpu_check.sh --dry-run``).
 
 Every time is the median of ``--reps`` rounds; each round starts after a barrier and runs from
 the later rank's start to the later rank's end (``perf_counter`` is one clock for every process
@@ -25,6 +27,7 @@ of a host). Section 2 also gives the CPU time a round costs both processes (ever
 ``loadguard``) unless ``--force``.
 
 Usage: python benchmarks/pp_rdma.py [--reps 9] [--window 4] [--skip-megatron] [--sizes-kib ...]
+       python benchmarks/pp_rdma.py --section gpu [--gpu-smoke]
 """
 
 from __future__ import annotations
@@ -330,56 +333,97 @@ def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
         print(f"  {name:28s} {t * 1e3:7.1f} ms/step  ratio {base / t:5.2f}x  ({same})  {verdict}")
 
 
-def _gpu_worker(rank: int, port: int, sizes: list[int], reps: int, q: Any) -> None:
+def _gpu_worker(rank: int, port: int, sizes: list[int], reps: int, device: str, q: Any) -> None:
+    """One rank of the GPU section: bf16 ``device`` tensors, ping-pong over the baseline group
+    and over pp_rdma's Mooncake transport (ring buffers), payload checked after every round.
+
+    Baseline: NCCL when each rank has its own GPU; with one GPU for both ranks (NCCL refuses two
+    ranks on one device) the tensors go device -> host -> gloo -> device, what such a user gets;
+    on CPU (``--gpu-smoke``) gloo itself.
+    """
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group("nccl", rank=rank, world_size=2)
+    cuda = device == "cuda"
+    own_gpu = cuda and torch.cuda.device_count() >= 2
+    if cuda:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("nccl" if own_gpu else "gloo", rank=rank, world_size=2)
+    baseline = "nccl" if own_gpu else ("gloo via host" if cuda else "gloo")
     from titan_pp_rdma.session import open_session
     from titan_pp_rdma.settings import PPRdmaSettings
 
     settings = PPRdmaSettings(backend="mooncake", buffers="ring", timeout_s=60)
     tr = open_session(dist.group.WORLD, settings).transport
-    out = {}
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    def via_host(x: torch.Tensor, y: torch.Tensor, ack: torch.Tensor) -> None:
+        hx, hy, hack = x.cpu(), torch.empty_like(y, device="cpu"), ack.cpu()
+        _gloo_round(hx, hy, hack, rank, 1)
+        y.copy_(hy)
+        ack.copy_(hack)
+
+    out: dict[str, Any] = {"baseline": baseline}
+    ok = True
     for nbytes in sizes:
-        x = torch.ones(1, nbytes // 2, dtype=torch.bfloat16, device="cuda")
-        y = torch.empty_like(x)
-        ack = torch.zeros(1, device="cuda")
-        for name in ("nccl", "mooncake"):
+        x = torch.full((1, nbytes // 2), 1.0 + rank, dtype=torch.bfloat16, device=device)
+        y, ack = torch.empty_like(x), torch.zeros(1, device=device)
+        for name in ("baseline", "mooncake"):
             ts = []
             for _ in range(reps + 1):
+                y.zero_()
                 dist.barrier()
-                torch.cuda.synchronize()
+                sync()
                 start = time.perf_counter()
-                if name == "nccl":
-                    _gloo_round(x, y, ack, rank, 1)  # same calls; the group is NCCL here
-                else:
+                if name == "mooncake":
                     _mooncake_round(tr, x, y, ack, rank, 1)
-                torch.cuda.synchronize()
+                elif baseline == "gloo via host":
+                    via_host(x, y, ack)
+                else:
+                    _gloo_round(x, y, ack, rank, 1)  # the same calls on an NCCL group
+                sync()
                 ts.append(time.perf_counter() - start)
-            out[(name, nbytes)] = statistics.median(ts[1:])
-    if rank == 0:
+                if rank == 1:  # rank 0's ones landed, bit for bit
+                    ok = ok and bool(y.eq(1.0).all())
+            out[f"{name} {nbytes}"] = statistics.median(ts[1:])
+    out["payload_ok"] = ok
+    if rank == 1:
         q.put(out)
     dist.barrier()
     dist.destroy_process_group()
 
 
-def gpu_rdma_section(sizes: list[int], reps: int) -> None:
-    """Section 4 (CUDA only): device-tensor ping-pong, Mooncake (RDMA if present) vs NCCL."""
-    if not torch.cuda.is_available():
-        print("\nGPU/RDMA section: skipped (no CUDA device)")
+def gpu_section(sizes: list[int], reps: int, smoke: bool) -> None:
+    """The GPU section (``--section gpu``; ``scripts/gpu_check.sh``): device-tensor ping-pong,
+    Mooncake (RDMA when a NIC is visible, else TCP; ring buffers) vs the baseline group."""
+    if not smoke and not torch.cuda.is_available():
+        print("\nGPU section: skipped (no CUDA device; --gpu-smoke runs it tiny on CPU)")
         return
+    device = "cpu" if smoke else "cuda"
     q = mp.get_context("spawn").SimpleQueue()
     mp.start_processes(
-        _gpu_worker, args=(_free_port(), sizes, reps, q), nprocs=2, start_method="spawn"
+        _gpu_worker,
+        args=(_free_port(), sizes, reps, device, q),
+        nprocs=2,
+        start_method="spawn",
     )
     med = q.get()
-    print(f"\nGPU ping-pong (bf16 device tensors), median of {reps}:")
+    print(f"\nGPU section ({device}, bf16 ping-pong vs {med['baseline']}), median of {reps}:")
+    ratios = {}
     for nbytes in sizes:
-        n, m = med[("nccl", nbytes)], med[("mooncake", nbytes)]
+        n, m = med[f"baseline {nbytes}"], med[f"mooncake {nbytes}"]
+        ratios[f"ratio_{nbytes >> 10}KiB"] = n / m
         print(
-            f"  {nbytes >> 10:6d} KiB  nccl {nbytes / n / 1e9:6.2f} GB/s  "
+            f"  {nbytes >> 10:6d} KiB  {med['baseline']} {nbytes / n / 1e9:6.2f} GB/s  "
             f"mooncake {nbytes / m / 1e9:6.2f} GB/s  ratio {n / m:5.2f}x"
         )
+    print(f"  payload checked after every round: {'ok' if med['payload_ok'] else 'CORRUPTED'}")
+    import gpu_check
+
+    gpu_check.emit(
+        {"device": device, "baseline": med["baseline"], "payload_ok": med["payload_ok"], **ratios}
+    )
 
 
 def main() -> None:
@@ -390,6 +434,9 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256, help="tiny GPT hidden size (PP=2 run)")
     parser.add_argument("--skip-megatron", action="store_true")
     parser.add_argument("--skip-loopback", action="store_true")
+    parser.add_argument("--section", choices=("all", "gpu"), default="all",
+                        help="gpu: only the GPU section (scripts/gpu_check.sh)")  # fmt: skip
+    parser.add_argument("--gpu-smoke", action="store_true", help="run the GPU section tiny on CPU")
     loadguard.add_arguments(parser)
     args = parser.parse_args()
     print(loadguard.describe(args))
@@ -400,11 +447,15 @@ def main() -> None:
     if not probe.available:
         raise SystemExit(f"Mooncake unavailable: {probe.detail}; fix: {probe.fix}")
     sizes = [k << 10 for k in args.sizes_kib]
+    if args.section == "gpu":
+        small = [k << 10 for k in (64, 1024)] if args.gpu_smoke else sizes
+        gpu_section(small, 3 if args.gpu_smoke else args.reps, args.gpu_smoke)
+        return
     if not args.skip_loopback:
         loopback(sizes, args.reps, args.window, args)
     if not args.skip_megatron:
         pp2_step_time(max(1, args.reps // 2), args.hidden, args)
-    gpu_rdma_section(sizes, args.reps)
+    gpu_section(sizes, args.reps, smoke=False)
     print("\n" + loadguard.describe(args) + "  (at the end)")
 
 

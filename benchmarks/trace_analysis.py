@@ -24,6 +24,8 @@ when already generated in --workdir).
 
 Usage: python benchmarks/trace_analysis.py [--ranks 16,64] [--events 200000] [--rounds 3]
            [--workers N] [--workdir /tmp/titan-trace-bench] [--hta-python PY] [--force]
+       python benchmarks/trace_analysis.py --section gpu [--gpu-smoke]   (scripts/gpu_check.sh:
+           two ranks' iterations with CUDA activity captured by the plugin, then analysed)
 """
 
 from __future__ import annotations
@@ -127,6 +129,86 @@ def ours(trace_dir: str, workdir: Path, workers: int, pure: bool) -> dict:
     return measure(cmd + (["--pure-python"] if pure else []))
 
 
+# ------------------------------------------------------------------ GPU section
+def _capture_worker(rank: int, port: int, out_dir: str, device: str, size: int) -> None:
+    """One of two DP-like ranks: 4 iterations of matmuls on ``device`` and a gradient
+    all-reduce, iterations 2-3 captured by the plugin's own capture (``StepCapture``)."""
+    import torch
+    import torch.distributed as dist
+    from titan_trace_analysis import capture
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    cap = capture.StepCapture(2, 3, out_dir)
+    w = torch.randn(size, size, device=device)
+    for _ in range(5):
+        cap.on_call()  # what the core's titan_train_step hook calls before each iteration
+        x = torch.randn(size, size, device=device)
+        for _ in range(4):
+            x = torch.tanh(x @ w)
+        grad = x.sum(0).cpu()  # gloo reduces host tensors (as a CPU job's DP would)
+        dist.all_reduce(grad)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    cap.finish()
+    dist.destroy_process_group()
+
+
+def gpu_section(a: argparse.Namespace) -> None:
+    """``--section gpu`` (``scripts/gpu_check.sh``): capture two ranks' iterations with CUDA
+    activity through the plugin's capture, then analyse them with ``titan-trace analyze``."""
+    import socket
+
+    import gpu_check
+    import torch
+    import torch.multiprocessing as mp
+
+    if not a.gpu_smoke and not torch.cuda.is_available():
+        print("GPU section: skipped (no CUDA device; --gpu-smoke runs it tiny on CPU)")
+        return
+    device, size = ("cpu", 64) if a.gpu_smoke else ("cuda", 4096)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = Path(a.workdir) / "gpu_capture"
+    if out.exists():
+        for old in out.rglob("*"):
+            if old.is_file():
+                old.unlink()
+    mp.start_processes(_capture_worker, args=(port, str(out), device, size), nprocs=2,
+                       start_method="spawn")  # fmt: skip
+    files = sorted(out.glob("rank-*.json*"))
+    kernels = 0
+    for path in files:
+        import gzip
+
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as handle:
+            events = json.load(handle).get("traceEvents", [])
+        kernels += sum(1 for e in events if e.get("cat") in ("kernel", "gpu_memcpy"))
+    cmd = [sys.executable, "-m", "titan_trace_analysis.cli", "analyze", str(out)]
+    cmd += ["--out", str(out / "report"), "--no-progress"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    print(done.stdout[-3000:])
+    report = out / "report" / "report.json"
+    print(f"GPU section ({device}): {len(files)} trace files, {kernels} device events, "
+          f"titan-trace analyze exit {done.returncode}")  # fmt: skip
+    gpu_check.emit(
+        {
+            "device": device,
+            "trace_files": len(files),
+            "device_events": kernels,
+            "analyze_exit": done.returncode,
+            "report_written": report.is_file(),
+        }  # fmt: skip
+    )
+    no_device = device == "cuda" and kernels == 0  # CUPTI gave no kernel: nothing to analyse
+    if len(files) != 2 or done.returncode not in (0, 3) or not report.is_file() or no_device:
+        raise SystemExit("GPU section: capture or analysis failed (see above)")
+
+
 def main() -> None:
     """Measure, print the table, the ratios and the verdicts."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -139,8 +221,14 @@ def main() -> None:
         "--hta-python", default=None, help="python of a venv with HTA 0.5.0 (none: skip)"
     )
     ap.add_argument("--skip-pure", action="store_true", help="skip the --pure-python rows")
+    ap.add_argument("--section", choices=("cpu", "gpu"), default="cpu",
+                    help="gpu: capture + analysis of CUDA activity (scripts/gpu_check.sh)")  # fmt: skip
+    ap.add_argument("--gpu-smoke", action="store_true", help="run --section gpu tiny on CPU")
     loadguard.add_arguments(ap)
     a = ap.parse_args()
+    if a.section == "gpu":
+        gpu_section(a)
+        return
     hta_py = a.hta_python or ("/tmp/hta-venv/bin/python" if Path("/tmp/hta-venv").exists() else "")
     hta_py = "" if hta_py == "none" else hta_py
     workdir = Path(a.workdir)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -178,3 +179,30 @@ def test_checker_flags_each_bad_import(bad_tree: Path) -> None:
         "plugins/alpha/titan_alpha/plugin.py:8: titan_beta.plugin: imports another plugin "
         "(titan_beta)",
     ]
+
+
+KNOB_READ = re.compile(r"""(os\.environ(\.get)?\s*[\[(]|getenv\()\s*f?["']TITAN_""")
+
+
+def test_each_plugin_declares_its_knobs_once_in_settings_py() -> None:
+    # issue 11: one typed list per plugin (settings.py: SETTINGS), read only through it. A
+    # TITAN_ variable read straight from the environment anywhere else is a second declaration
+    # that doctor, `titan-plugins env` and STRICT never see.
+    for folder, packages in plugin_packages(ROOT / "plugins").items():
+        if folder.name.startswith("_"):
+            continue
+        for package in packages:
+            settings = folder / package / "settings.py"
+            assert settings.is_file(), f"{folder.name}: knobs belong in {package}/settings.py"
+            assert "SETTINGS" in settings.read_text(), settings
+            for source in (folder / package).rglob("*.py"):
+                for number, line in enumerate(source.read_text().splitlines(), 1):
+                    rel = source.relative_to(ROOT)
+                    assert not KNOB_READ.search(line), f"{rel}:{number}: raw knob read: {line}"
+
+
+def test_knob_read_pattern_catches_raw_reads() -> None:
+    assert KNOB_READ.search('x = os.environ.get("TITAN_FOO", "1")')
+    assert KNOB_READ.search("os.environ['TITAN_FOO']")
+    assert KNOB_READ.search('os.getenv("TITAN_FOO")')
+    assert not KNOB_READ.search('os.environ.get("LOCAL_WORLD_SIZE", "1")')

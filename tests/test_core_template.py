@@ -105,9 +105,7 @@ def test_knobs_are_typed_settings_read_only_through_them(generated, monkeypatch)
     monkeypatch.syspath_prepend(str(plugin_dir))
     settings = importlib.import_module(f"titan_{NAME}.settings")
     plugin = importlib.import_module(f"titan_{NAME}.plugin")
-    assert settings.SETTINGS and all(
-        isinstance(s, Setting) and not s.legacy for s in settings.SETTINGS
-    )
+    assert settings.SETTINGS and all(isinstance(s, Setting) for s in settings.SETTINGS)
     assert plugin.titan_settings() is settings.SETTINGS
     package = plugin_dir / f"titan_{NAME}"
     raw_reads = re.compile(r"os\.environ[\[.]|getenv\(|\benv_(bool|int|float|choice|list|bytes)\b")

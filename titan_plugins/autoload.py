@@ -21,6 +21,18 @@ TRIGGER_PREFIXES = ("megatron",)
 _OFF = ("0", "false", "no", "off")
 
 
+def find_elsewhere(me: object, fullname: str, path: Any, target: Any) -> ModuleSpec | None:
+    """The spec the other finders on ``sys.meta_path`` give for ``fullname`` (``me`` skipped)."""
+    for finder in sys.meta_path:
+        if finder is me:
+            continue
+        find = getattr(finder, "find_spec", None)
+        spec = find(fullname, path, target) if find is not None else None
+        if spec is not None:
+            return spec
+    return None
+
+
 class ImportTrigger(importlib.abc.MetaPathFinder):
     """One-shot: calls ``on_trigger()`` at the first import of a module under ``prefixes``,
     before that module is looked up, then takes itself off ``sys.meta_path``.
@@ -41,12 +53,7 @@ class ImportTrigger(importlib.abc.MetaPathFinder):
         trigger()
         # Activation may have installed a patch watcher that the import machinery has already
         # passed over for this module: ask the finders again so it can wrap this module too.
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
-            if spec is not None:
-                return spec
-        return None
+        return find_elsewhere(self, fullname, path, target)
 
     @property
     def armed(self) -> bool:

@@ -139,7 +139,6 @@ class Setting:
         "maximum",
         "validate",
         "default_text",
-        "legacy",
     )
 
     def __init__(
@@ -148,25 +147,12 @@ class Setting:
         type: Any = str,
         default: Any = None,
         doc: Any = "",
-        *legacy: Any,
         choices: Iterable[str] | None = None,
         minimum: float | None = None,
         maximum: float | None = None,
         validate: Callable[[Any], str | None] | None = None,
         default_text: str = "",
-        var: str = "",
     ) -> None:
-        legacy_form = bool(var) or isinstance(type, str)
-        if legacy_form:
-            # Transitional: the former declaration-only form Setting(var, default_text, doc,
-            # choices), positional or by keyword; read as an untyped str knob.
-            name = name or var
-            text = type if isinstance(type, str) else ("" if default is None else str(default))
-            words = default if isinstance(type, str) else doc
-            choices = choices or (doc if isinstance(type, str) and doc else None)
-            choices = choices or (legacy[0] if legacy else None)
-            type, default, doc, default_text = str, text, words, text
-        self.legacy = legacy_form  # declaration only: its reader lives elsewhere, not checked
         if type not in _TYPES:
             raise TypeError(
                 f"Setting {name}: type must be one of bool, int, float, str, list, BYTES"
@@ -269,7 +255,7 @@ class Setting:
     def problem(self) -> str | None:
         """The message for a bad current value, or None when unset, empty or valid."""
         text = _raw(self.name)
-        if not text or self.legacy:
+        if not text:
             return None
         try:
             self.parse(text)
@@ -316,39 +302,3 @@ def format_bytes(value: int) -> str:
 def problems(settings: Iterable[Setting]) -> list[str]:
     """Messages for every bad current value among ``settings`` (activation and doctor)."""
     return [message for setting in settings if (message := setting.problem())]
-
-
-# ---------------------------------------------------------------------- legacy readers
-# Kept while the plugins move their knobs to Setting records (issue 11); each is a one-off
-# Setting read, so the parsing and the messages are the same as above.
-def env_bool(var: str, default: bool) -> bool:
-    """Read a 0/1 switch (also true/false, yes/no, on/off)."""
-    return Setting(var, bool, default, "").read()
-
-
-def env_int(var: str, default: int, minimum: int | None = None) -> int:
-    """Read an integer, optionally with a lower bound."""
-    return Setting(var, int, default, "", minimum=minimum).read()
-
-
-def env_float(var: str, default: float, minimum: float | None = None) -> float:
-    """Read a finite float, optionally with a lower bound."""
-    return Setting(var, float, default, "", minimum=minimum).read()
-
-
-def env_choice(var: str, choices: Iterable[str], default: str) -> str:
-    """Read one value out of a closed set (compared case-insensitively)."""
-    return Setting(var, str, default, "", choices=choices).read()
-
-
-def env_list(var: str, default: Iterable[str] = ()) -> tuple[str, ...]:
-    """Read a comma-separated list; items are stripped and empty items dropped."""
-    value = _raw(var)
-    if value is None:
-        return tuple(default)
-    return tuple(item.strip() for item in value.split(",") if item.strip())
-
-
-def env_bytes(var: str, default: int | None) -> int | None:
-    """Read a byte size (see :func:`parse_bytes`)."""
-    return Setting(var, BYTES, default, "").read()

@@ -1,5 +1,6 @@
 """The one post-import mechanism: ``sys.meta_path`` finders that act right after a module body
-executes, and a one-shot trigger for lazy activation.
+executes (the one-shot trigger of lazy activation, which must stay standard-library only, is
+:class:`titan_plugins.autoload.ImportTrigger` and shares :func:`find_elsewhere`).
 
 Applying patches there (not later) matters: modules that ``from x import f`` afterwards copy the
 patched ``f``. A watcher finds the real spec through the other finders and wraps its loader; it
@@ -17,6 +18,7 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
 
+from titan_plugins.autoload import find_elsewhere
 from titan_plugins.patching.engine import PatchEngine
 
 AfterExec = Callable[[ModuleType], None]
@@ -38,19 +40,6 @@ class _PostExecLoader(importlib.abc.Loader):
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
-
-
-def _find_elsewhere(me: object, fullname: str, path: Any, target: Any) -> ModuleSpec | None:
-    for finder in sys.meta_path:
-        if finder is me:
-            continue
-        find = getattr(finder, "find_spec", None)
-        if find is None:
-            continue
-        spec = find(fullname, path, target)
-        if spec is not None:
-            return spec
-    return None
 
 
 class PostImportWatcher(importlib.abc.MetaPathFinder):
@@ -78,7 +67,7 @@ class PostImportWatcher(importlib.abc.MetaPathFinder):
             after = self._callback_for(fullname)
             if after is None:
                 return None
-            spec = _find_elsewhere(self, fullname, path, target)
+            spec = find_elsewhere(self, fullname, path, target)
         finally:
             self._busy.active = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
@@ -113,46 +102,3 @@ class PatchWatcher(PostImportWatcher):
     def before_lookup(self) -> None:
         if self.engine.deferred:  # modules that were mid-import at activation
             self.engine.retry_deferred()
-
-
-class ImportTrigger(importlib.abc.MetaPathFinder):
-    """One-shot: calls ``on_trigger()`` at the first import of a module under ``prefixes``,
-    before that module is looked up, then takes itself off ``sys.meta_path``.
-
-    An exception from ``on_trigger`` propagates to that import statement (STRICT mode uses it
-    to stop ``import megatron`` with a clear message).
-    """
-
-    def __init__(self, prefixes: tuple[str, ...], on_trigger: Callable[[], None]) -> None:
-        self._prefixes = prefixes
-        self._on_trigger: Callable[[], None] | None = on_trigger
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
-        if self._on_trigger is None or fullname.split(".", 1)[0] not in self._prefixes:
-            return None
-        trigger, self._on_trigger = self._on_trigger, None
-        self.remove()
-        trigger()
-        # Activation may have installed a patch watcher that the import machinery has already
-        # passed over for this module: ask the finders again so it can wrap this module too.
-        return _find_elsewhere(self, fullname, path, target)
-
-    @property
-    def armed(self) -> bool:
-        """Whether the trigger has not fired (nor been disarmed) yet."""
-        return self._on_trigger is not None
-
-    def disarm(self) -> None:
-        """Drop the trigger (activation happened another way)."""
-        self._on_trigger = None
-        self.remove()
-
-    def install(self) -> None:
-        """Put the trigger first on ``sys.meta_path`` (once)."""
-        if self not in sys.meta_path:
-            sys.meta_path.insert(0, self)
-
-    def remove(self) -> None:
-        """Take the trigger off ``sys.meta_path``."""
-        while self in sys.meta_path:
-            sys.meta_path.remove(self)
