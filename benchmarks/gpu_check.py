@@ -57,7 +57,7 @@ SECTIONS = (
         "moe_ep_overlap",
         "moe_ep_overlap.py",
         timeout_s=120,
-        what="EP=2 (two processes on one GPU) chunked overlap vs serial dispatch/compute/combine",
+        what="EP=2 (two processes sharing one GPU over gloo; NCCL with >= 2 GPUs) chunked overlap vs serial",
     ),
     Section(
         "pp_rdma",
