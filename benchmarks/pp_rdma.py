@@ -63,14 +63,18 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _span(t0: float, t1: float, end_rank: int | None = None) -> float:
+def _span(t0: float, t1: float, end_rank: int | None = None, alone: bool = False) -> float:
     """Later start to later end over both ranks (one monotonic clock per host), or to
-    ``end_rank``'s end (the rank that knows the bytes landed)."""
+    ``end_rank``'s end (the rank that knows the bytes landed); ``alone``: ``end_rank``'s own
+    start (an operation only that rank takes part in, e.g. a raw write: the passive rank may
+    start after it ended)."""
     both = torch.tensor([t0, t1], dtype=torch.float64)
     gathered = [torch.empty_like(both) for _ in range(2)]
     dist.all_gather(gathered, both)
     ends = [g[1].item() for g in gathered]
     end = max(ends) if end_rank is None else ends[end_rank]
+    if alone and end_rank is not None:
+        return end - gathered[end_rank][0].item()
     return end - max(g[0].item() for g in gathered)
 
 
@@ -179,7 +183,7 @@ def _loopback_worker(rank: int, port: int, sizes: list[int], reps: int, window: 
                 t0 = time.perf_counter()
                 _one_way(name, tr, raw, x1, y1)
                 lander = 0 if name == "raw write" else 1  # whose completion means "landed"
-                span = _span(t0, time.perf_counter(), lander)
+                span = _span(t0, time.perf_counter(), lander, alone=name == "raw write")
                 times.setdefault((name, nbytes, 0), []).append(span)
         for w in (1, window):
             x = torch.full((w, nbytes // 4), float(rank))
