@@ -146,12 +146,12 @@ def _env() -> int:
                 rows.extend((impl.plugin_name, s) for s in impl.function() or [])
             except Exception as err:
                 print(f"{impl.plugin_name}: titan_settings raised {err}", file=sys.stderr)
-    known = {s.var for _, s in rows}
+    known = {s.name for _, s in rows}
     for plugin, setting in rows:
-        current = os.environ.get(setting.var)
+        current = os.environ.get(setting.name)
         shown = "(unset)" if current is None else repr(current)
         print(
-            f"{setting.var}={shown}  default {setting.shown_default()}  "
+            f"{setting.name}={shown}  default {setting.shown_default()}  "
             f"[{setting.accepted()}]  ({plugin})\n    {setting.doc}"
         )
         problem = setting.problem()

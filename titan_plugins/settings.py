@@ -174,11 +174,6 @@ class Setting:
     def __repr__(self) -> str:
         return f"Setting({self.name!r}, {self.type.__name__}, {self.default!r})"
 
-    @property
-    def var(self) -> str:
-        """The environment variable (same as :attr:`name`)."""
-        return self.name
-
     # ------------------------------------------------------------------ parsing
     def accepted(self) -> str:
         """What a valid value looks like, for messages and ``titan-plugins env``."""
