@@ -10,6 +10,7 @@ collide with the core's switches are refused.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -78,14 +79,23 @@ def discover() -> list[metadata.EntryPoint]:
     return list(metadata.entry_points(group=ENTRY_POINT_GROUP))
 
 
+@functools.lru_cache(maxsize=256)
+def _identity(dist: Any) -> tuple[str, str]:
+    """(name, version) of a distribution from one read of its metadata: ``dist.name`` and
+    ``dist.version`` each re-read and re-parse the METADATA file, at every activation."""
+    if dist is None:
+        return "", ""
+    md = dist.metadata
+    return md.get("Name") or "", md.get("Version") or ""
+
+
 def _dist_name(ep: metadata.EntryPoint) -> str:
-    dist = getattr(ep, "dist", None)
-    return getattr(dist, "name", "") or ""
+    return _identity(getattr(ep, "dist", None))[0]
 
 
 def _record(ep: metadata.EntryPoint) -> PluginRecord:
-    dist = getattr(ep, "dist", None)
-    return PluginRecord(ep.name, _dist_name(ep), getattr(dist, "version", "") or "", ep.value)
+    name, version = _identity(getattr(ep, "dist", None))
+    return PluginRecord(ep.name, name, version, ep.value)
 
 
 def get_plugin_manager(
