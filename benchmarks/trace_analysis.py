@@ -31,8 +31,10 @@ Usage: python benchmarks/trace_analysis.py [--ranks 16,64] [--events 200000] [--
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -173,17 +175,12 @@ def gpu_section(a: argparse.Namespace) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = Path(a.workdir) / "gpu_capture"
-    if out.exists():
-        for old in out.rglob("*"):
-            if old.is_file():
-                old.unlink()
+    shutil.rmtree(out, ignore_errors=True)  # a previous run's traces would be analysed too
     mp.start_processes(_capture_worker, args=(port, str(out), device, size), nprocs=2,
                        start_method="spawn")  # fmt: skip
     files = sorted(out.glob("rank-*.json*"))
     kernels = 0
     for path in files:
-        import gzip
-
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rt") as handle:
             events = json.load(handle).get("traceEvents", [])
