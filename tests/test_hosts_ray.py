@@ -87,6 +87,7 @@ class Probe:
 @pytest.mark.ray
 def test_ray_actors_see_switches_only_through_runtime_env(tmp_path: Path, monkeypatch) -> None:
     import ray  # pinned in requirements/dev.txt: a missing ray is a broken set-up, not a skip
+
     monkeypatch.delenv("TITAN_EXAMPLE", raising=False)
     monkeypatch.delenv("TORCH_DEVICE_BACKEND_AUTOLOAD", raising=False)
     job_env = {
