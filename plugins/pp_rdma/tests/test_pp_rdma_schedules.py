@@ -91,6 +91,15 @@ def mooncake_absent_task(pp: int, vpp: int | None, **config: Any) -> dict:
     return result
 
 
+def closed_registry_task() -> int:
+    """Close this worker's sessions; the regions the process-wide engine still holds."""
+    from titan_pp_rdma import session
+
+    session.reset()
+    engine = session.STATE.engine
+    return engine.registered_regions() if engine is not None else -1
+
+
 REFERENCE = dict(batch_p2p_comm=False, deallocate_pipeline_outputs=False)
 BATCHED = dict(batch_p2p_comm=True, deallocate_pipeline_outputs=True)
 OVERLAP = dict(batch_p2p_comm=False, overlap_p2p_comm=True, deallocate_pipeline_outputs=True)
@@ -143,6 +152,9 @@ def test_pp2_vpp2_mooncake_fixes_batched_order_and_overlap_free(gloo_pool2: Any)
     ring = _run(gloo_pool2, 2, 2, RING_ENV, OVERLAP)
     assert "ring buffers" in ring[0]["report"]["why"]
     assert_identical(ring, ref, "VPP overlap, Mooncake ring buffers")
+    # Closing gives every slot back: the engine outlives sessions, and a stale region at an
+    # address the allocator recycles fails the next session's registration.
+    assert gloo_pool2.run(closed_registry_task) == [0, 0]
 
 
 def test_pp2_vpp2_torch_fallback_fixes_both_hazards(gloo_pool2: Any) -> None:

@@ -37,6 +37,7 @@ class FakeEngine:
     def __init__(self) -> None:
         self.reads = 0
         self.registered: dict[int, int] = {}
+        self.reads_pending = False  # status() reports every read as still landing
 
     def register(self, buf: torch.Tensor) -> torch.Tensor:
         self.registered[buf.data_ptr()] = buf.numel()
@@ -51,6 +52,8 @@ class FakeEngine:
         return [next(self._ids)]
 
     def status(self, ids: list) -> int:
+        if self.reads_pending:
+            return 0
         ids.clear()
         return 1
 
@@ -180,6 +183,40 @@ def test_small_cpu_tensors_travel_inline_and_large_ones_by_read(direct: bool) ->
     }
     assert not a.links[1].declared if direct else a.links[1].declared  # direct: region retired
     assert not b.links[0].regions if direct else b.links[0].regions
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_closing_unregisters_every_buffer_it_registered(direct: bool) -> None:
+    """The engine is process-wide: a closed session's memory must leave its registry, else the
+    next session's buffer at a recycled address fails with "overlapped memory region"."""
+    a, b, ea, eb = pair(direct)
+    y = torch.empty_like(big())
+    recv = b.irecv(y, 0, FWD)
+    a.isend(big(1.0), 1, FWD)
+    for _ in range(3):
+        b.progress()
+        a.progress()
+    assert recv.done and y.equal(big(1.0))
+    a.isend(big(2.0), 1, BWD)  # announced, never received: still registered at close
+    assert ea.registered and (direct or eb.registered)  # ring: both sides hold pool slots
+    a.close()
+    b.close()
+    assert ea.registered == {} and eb.registered == {}
+
+
+def test_memory_a_read_still_lands_in_stays_registered_and_alive() -> None:
+    a, b, ea, eb = pair(direct=False)
+    a.isend(big(1.0), 1, FWD)
+    eb.reads_pending = True
+    recv = b.irecv(torch.empty_like(big()), 0, FWD)
+    b.progress()
+    assert not recv.done and len(eb.registered) == 1
+    landing = next(iter(eb.registered))
+    lingering = len(transport_mod._LINGERING)
+    b.close()
+    a.close()
+    assert list(eb.registered) == [landing] and ea.registered == {}
+    assert [t.data_ptr() for t in transport_mod._LINGERING[lingering:]] == [landing]
 
 
 def test_the_atexit_flush_waits_until_the_peer_takes_the_last_records() -> None:

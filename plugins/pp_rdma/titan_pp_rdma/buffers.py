@@ -40,6 +40,7 @@ class SlotPool:
         self.nbytes = key_nbytes(key)
         self._device = device
         self._free: deque[torch.Tensor] = deque()
+        self._slots: list[torch.Tensor] = []  # every slot registered, free or in use
         self.allocated = 0
 
     def take(self) -> torch.Tensor:
@@ -48,8 +49,24 @@ class SlotPool:
             return self._free.popleft()
         self.allocated += 1
         raw = torch.empty(self.nbytes, dtype=torch.uint8, device=self._device)
-        return self._engine.register(raw)
+        self._slots.append(self._engine.register(raw))
+        return raw
 
     def give_back(self, raw: torch.Tensor) -> None:
         """Return a slot once its write has completed."""
         self._free.append(raw)
+
+    def release(self, keep: set[int] = frozenset()) -> list[torch.Tensor]:
+        """Unregister every slot except those whose address is in ``keep`` (returned, still
+        registered: a read may still land in them).
+
+        The engine outlives the pool: a slot freed while still registered leaves a stale region
+        behind, and the next registration of memory the allocator hands out at that address
+        fails ("overlapped memory region").
+        """
+        kept = [raw for raw in self._slots if raw.data_ptr() in keep]
+        for raw in self._slots:
+            if raw.data_ptr() not in keep:
+                self._engine.unregister(raw)
+        self._slots, self._free = [], deque()
+        return kept

@@ -124,6 +124,10 @@ class MooncakeEngine:
         if self._registered.pop(buf.data_ptr(), None) is not None:
             self._te.unregister_memory(buf.data_ptr())
 
+    def registered_regions(self) -> int:
+        """How many regions are registered now (what a closed session must have given back)."""
+        return len(self._registered)
+
     def submit_read(self, peer: str, local_addr: int, remote_addr: int, nbytes: int) -> list[int]:
         """Start a one-sided read of the peer's bytes; returns the ids to poll with :meth:`status`.
 

@@ -48,6 +48,8 @@ from titan_pp_rdma.protocol import ProtocolMixin, flat_bytes
 from titan_pp_rdma.wire import CHANNEL_NAMES, describe_key, encode
 
 _DRAIN_EVERY_S = 0.05
+# Registered memory a closed transport could not release (a read was still landing in it).
+_LINGERING: list[torch.Tensor] = []
 
 
 class MooncakeTransport(ProtocolMixin, DriverMixin):
@@ -303,5 +305,26 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
         with self._lock:
             for link in self.links.values():
                 link.channel.close()
+                self._release_memory(link)
             self.links = {}
         self._close_wakeup()
+
+    def _release_memory(self, link: Link) -> None:
+        """Unregister what this link registered: the engine is process-wide and outlives us.
+
+        Memory a read may still land in (a receive whose read was submitted and not seen done)
+        stays registered and referenced for the life of the process, so the allocator never
+        hands it out again while the NIC may write it.
+        """
+        landing = [
+            op for op in link.recvs.values() if op.batch_id is not None and op.buf is not None
+        ]
+        keep = {op.buf.data_ptr() for op in landing if op.buf is not None}
+        _LINGERING.extend(op.buf for op in landing if op.buf is not None and not op.pooled)
+        for op in [*link.sends.values(), *link.unannounced, *link.recvs.values()]:
+            if op.buf is not None and not op.pooled and op.buf.data_ptr() not in keep:
+                self.engine.unregister(op.buf)
+            op.buf = None
+        for pool in link.pools.values():
+            _LINGERING.extend(pool.release(keep))
+        link.pools, link.busy_slots = {}, []
