@@ -65,6 +65,7 @@ class Activation:
         self.errors: list[str] = []  # plugins that failed to register
         self.problems: list[str] = []  # bad switch / knob values
         self.seconds = 0.0
+        self.applied_while_starting = 0.0
 
     @property
     def is_active(self) -> bool:
@@ -124,6 +125,7 @@ class Activation:
         else:
             self.detail = "activated on first megatron import"
         self.seconds = time.perf_counter() - started
+        self.applied_while_starting = engine.apply_seconds  # already inside ``seconds``
         logger.debug("activated via %s in %.1f ms", self.channel, self.seconds * 1e3)
         return self
 

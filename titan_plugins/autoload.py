@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.abc
 import os
 import sys
+import time
 from collections.abc import Callable
 from importlib.machinery import ModuleSpec
 from typing import Any
@@ -85,6 +86,7 @@ class Armed:
         self.late = False  # armed while megatron was already importing
         self.state = "not run in this process"
         self.fired = False
+        self.fire_seconds = 0.0  # activation at the trigger, its own imports included
 
 
 _ARMED: Armed | None = None
@@ -142,6 +144,10 @@ def disarm(taken_over_by: str) -> None:
 def _fire() -> None:
     assert _ARMED is not None
     _ARMED.fired = True
-    from titan_plugins import activation
+    started = time.perf_counter()
+    try:
+        from titan_plugins import activation
 
-    activation.start_armed(_ARMED)
+        activation.start_armed(_ARMED)
+    finally:
+        _ARMED.fire_seconds = time.perf_counter() - started

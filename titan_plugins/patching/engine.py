@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -53,6 +54,7 @@ class PatchEngine:
         self._watched: set[str] = set()
         self.deferred: set[str] = set()  # imported but still executing when we wanted to patch
         self._skips_logged: set[str] = set()  # plugins whose first skip was logged as a warning
+        self.apply_seconds = 0.0  # spent judging and applying patches (activation overhead)
 
     # ---------------------------------------------------------------- registration
     def register(self, patch: Patch, plugin: str = "") -> None:
@@ -146,6 +148,13 @@ class PatchEngine:
         :param fresh: the module body just executed (post-exec hook or reload): its attributes
             are originals, so any earlier application is forgotten, and no alias can exist yet.
         """
+        started = time.perf_counter()
+        try:
+            self._apply_module(module, fresh)
+        finally:
+            self.apply_seconds += time.perf_counter() - started
+
+    def _apply_module(self, module: ModuleType, fresh: bool) -> None:
         for key in self._order:
             target = self._targets[key]
             if target.module_name != module.__name__:
