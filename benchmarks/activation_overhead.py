@@ -30,12 +30,14 @@ t1 = time.perf_counter()
 state = None
 titan = 0.0
 try:
-    from titan_plugins import activation, autoload, report
-    data = report.collect()
-    state = {{"active": data["active"], "plugins": [p["name"] for p in data["plugins"] if p["state"] == "enabled"]}}
+    # read before anything else runs: the report below may itself look megatron up
+    from titan_plugins import activation, autoload
     armed, act = autoload.armed(), activation.current()
     if armed is not None and act is not None and act.engine is not None:
         titan = armed.fire_seconds + act.engine.apply_seconds - act.applied_while_starting
+    from titan_plugins import report
+    data = report.collect()
+    state = {{"active": data["active"], "plugins": [p["name"] for p in data["plugins"] if p["state"] == "enabled"]}}
 except Exception as err:
     state = {{"error": str(err)}}
 print(json.dumps({{"seconds": t1 - t0, "titan": titan, "state": state}}))
