@@ -189,3 +189,17 @@ def test_training_loop_hooks_must_be_wrappers(plugins):
     assert "titan_train_step without wrapper=True" in pm.records["plain"].reason
     assert pm.get_plugin("plain") is None
     assert pm.records["wrapping"].state == ENABLED
+
+
+def test_distribution_identity_reads_the_metadata_headers_as_the_parser_does():
+    """``_identity`` reads Name and Version without the email parser: same answers."""
+    from importlib import metadata as md
+
+    from titan_plugins import manager
+
+    dists = list(md.distributions())
+    assert len(dists) > 10
+    for dist in dists:
+        parsed = dist.metadata
+        expected = (parsed.get("Name") or "", parsed.get("Version") or "")
+        assert manager._identity(dist) == expected, expected

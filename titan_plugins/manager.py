@@ -85,6 +85,19 @@ def _identity(dist: Any) -> tuple[str, str]:
     ``dist.version`` each re-read and re-parse the METADATA file, at every activation."""
     if dist is None:
         return "", ""
+    # The two headers come first in METADATA; reading them directly skips the email parser
+    # (about 0.3 ms a distribution, at every activation). Anything unusual takes the parser.
+    read = getattr(dist, "read_text", None)
+    text = (read("METADATA") or read("PKG-INFO") or "") if callable(read) else ""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line:
+            break  # the headers end at the first blank line
+        key, sep, value = line.partition(":")
+        if sep and key in ("Name", "Version") and key not in found:
+            found[key] = value.strip()
+    if found.get("Name") and found.get("Version"):
+        return found["Name"], found["Version"]
     md = dist.metadata
     return md.get("Name") or "", md.get("Version") or ""
 

@@ -20,9 +20,12 @@ applies the patch only if the patch declares a signature and every signature che
 
 from __future__ import annotations
 
+import functools
 import re
+import sys
 from dataclasses import dataclass
 from importlib import metadata
+from typing import Any
 
 from titan_plugins.patching import origin
 
@@ -99,13 +102,37 @@ def resolve_version(distribution: str) -> tuple[str | None, str]:
     """
     package = VERSION_MODULES.get(origin.normalize(distribution))
     if package is not None:
+        # The engine asks once per patch while megatron imports: keep the answer for as long as
+        # the same package and package_info modules are the imported ones.
+        key = _imported(package)
+        known = _RESOLVED.get(package)
+        if key is not None and known is not None and known[0] == key:
+            return known[1]
         directory = origin.package_dir(package)
         if directory is not None:
             version = origin.code_version(package, directory)
             if version is not None:
-                return version, f"{package}.package_info at {directory}"
+                answer = version, f"{package}.package_info at {directory}"
+                if key is not None:
+                    _RESOLVED[package] = (key, answer)
+                return answer
             # a package without package_info: fall back to the distribution's metadata
     return installed_version(distribution), "metadata"
+
+
+_RESOLVED: dict[str, tuple[tuple[Any, ...], tuple[str | None, str]]] = {}
+
+
+def _imported(package: str) -> tuple[Any, ...] | None:
+    """What identifies the imported ``package`` and its ``package_info`` (None: not both
+    imported): the objects, where they were loaded from and the version they hold, so a reload
+    from other code, or of an edited file, is never answered from the cache."""
+    module, info = sys.modules.get(package), sys.modules.get(f"{package}.package_info")
+    if module is None or info is None:
+        return None
+    path = tuple(getattr(module, "__path__", None) or (getattr(module, "__file__", None),))
+    version = getattr(info, "__version__", None)
+    return id(module), path, id(info), getattr(info, "__file__", None), version
 
 
 @dataclass(frozen=True)
@@ -130,6 +157,7 @@ def judge(requirement: str) -> Verdict:
     return judge_version(requirement, version, "" if source == "metadata" else source)
 
 
+@functools.lru_cache(maxsize=256)
 def judge_version(requirement: str, version: str | None, where: str = "") -> Verdict:
     """Judge ``requirement`` against a given ``version`` (None: not installed).
 

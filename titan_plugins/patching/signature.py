@@ -13,9 +13,13 @@ through ``linecache``); nothing is imported here.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import os
+import re
+import tokenize
 from dataclasses import dataclass
-from types import ModuleType
+from types import CodeType, ModuleType
 from typing import Any
 
 MODULE = "."  # ``of=MODULE``: the source checks read the whole target module
@@ -96,10 +100,10 @@ class Signature:
             if source is None:
                 return f"source of {name} is unavailable"
             for fragment in self.contains:
-                if _squash(fragment) not in source:
+                if not _has(source, fragment):
                     return f"{name} does not contain {fragment!r}"
             for fragment in self.lacks:
-                if _squash(fragment) in source:
+                if _has(source, fragment):
                     return f"{name} contains {fragment!r}"
         return None
 
@@ -164,10 +168,106 @@ def _source(obj: Any, module: ModuleType) -> str | None:
     target = inspect.unwrap(_function(obj)) if callable(_function(obj)) else None
     if not (inspect.isfunction(target) or inspect.isclass(target) or inspect.ismethod(target)):
         target = module  # a flag or a value: look in the module that defines it
+    fast = _fast_source(target)
+    if fast is not None:
+        return fast
     try:
-        return _squash(inspect.getsource(target))
+        return inspect.getsource(target)
     except (OSError, TypeError):
         return None
+
+
+def _has(source: str, fragment: str) -> bool:
+    """Whether ``fragment`` occurs in ``source``, whitespace-insensitively (what comparing the
+    :func:`_squash` forms does, without squashing a whole module per check)."""
+    return _pattern(fragment).search(source) is not None
+
+
+@functools.lru_cache(maxsize=256)
+def _pattern(fragment: str) -> re.Pattern[str]:
+    return re.compile(r"\s+".join(map(re.escape, fragment.split())))
+
+
+def _fast_source(target: Any) -> str | None:
+    """The source of a module or function read straight from its file (cached per file
+    version), or None where ``inspect.getsource`` must do it (classes, no file, no code).
+
+    ``inspect.getsource`` tokenizes a function's block and re-reads the module through
+    linecache on every call; the engine asks for sources while megatron imports, so the file is
+    read once and a function's lines come from its code object (first line, decorators
+    included, to the last line any of its code, nested code included, spans).
+    """
+    if inspect.ismethod(target):
+        target = target.__func__
+    if isinstance(target, ModuleType):
+        path = getattr(target, "__file__", None)
+        stamp = _stamp(path)
+        return _file_text(path, stamp) if path and stamp is not None else None
+    code = getattr(target, "__code__", None)
+    if not isinstance(code, CodeType):
+        return None
+    stamp = _stamp(code.co_filename)
+    lines = _file_lines(code.co_filename, stamp) if stamp is not None else None
+    if not lines:
+        return None
+    first, last = code.co_firstlineno, _last_line(code)
+    if not 1 <= first <= last <= len(lines):
+        return None
+    # The code ends before a closing bracket or a trailing comment of the block: extend to the
+    # block's end, the last line indented deeper than the ``def`` before the next statement.
+    indent = _indent(lines[first - 1])
+    def_line = next(
+        (i + 1 for i in range(first - 1, last) if lines[i].lstrip().startswith(("def ", "async "))),
+        None,
+    )
+    if def_line is None or last <= def_line:
+        return None  # a lambda, or a body the code does not reach past its header (docstring)
+    for index in range(last, len(lines)):
+        text = lines[index].strip()
+        if text and _indent(lines[index]) <= indent:
+            break
+        if text:
+            last = index + 1
+    return "".join(lines[first - 1 : last])
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _stamp(path: str | None) -> int | None:
+    if not path or not path.endswith(".py"):
+        return None
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+@functools.lru_cache(maxsize=64)
+def _file_lines(path: str, stamp: int) -> tuple[str, ...] | None:
+    try:
+        with tokenize.open(path) as fh:  # honours a PEP 263 coding line, as inspect does
+            return tuple(fh.readlines())
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+
+
+@functools.lru_cache(maxsize=64)
+def _file_text(path: str, stamp: int) -> str | None:
+    lines = _file_lines(path, stamp)
+    return "".join(lines) if lines is not None else None
+
+
+def _last_line(code: CodeType) -> int:
+    last = code.co_firstlineno
+    for _, end, _, _ in code.co_positions():
+        if end is not None and end > last:
+            last = end
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            last = max(last, _last_line(const))
+    return last
 
 
 def check_all(
