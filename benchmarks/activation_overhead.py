@@ -15,6 +15,7 @@ The core and plugins are byte-compiled first, as a wheel install does.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import statistics
@@ -63,14 +64,9 @@ def sample(module: str, env_extra: dict[str, str]) -> dict:
 def compile_sources() -> None:
     """Byte-compile the core and plugins, as a wheel install does (an editable install leaves
     that to the first import, and PYTHONDONTWRITEBYTECODE makes every process compile again)."""
+    # the same folders as scripts/bootstrap.sh's compile_sources
     dirs = [os.path.join(ROOT, "titan_plugins")]
-    plugins = os.path.join(ROOT, "plugins")
-    for name in sorted(os.listdir(plugins)):
-        dirs += [
-            os.path.join(plugins, name, sub)
-            for sub in sorted(os.listdir(os.path.join(plugins, name)))
-            if sub.startswith("titan_")
-        ]
+    dirs += sorted(glob.glob(os.path.join(ROOT, "plugins", "*", "titan_*")))
     subprocess.run([sys.executable, "-m", "compileall", "-q", *dirs], check=True)
     print("byte-compiled the core and plugins first (as a wheel install does)")
 

@@ -8,7 +8,7 @@ be there - and the engine checks it right after the target module executes, befo
 runs. A target that does not match is ``skipped`` with what differed; it is never half-patched.
 
 Checks read the module that is already imported (``inspect`` on live objects, the source file
-through ``linecache``); nothing is imported here.
+read once per file version); nothing is imported here.
 """
 
 from __future__ import annotations
@@ -27,11 +27,6 @@ MODULE = "."  # ``of=MODULE``: the source checks read the whole target module
 
 def _tuple(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
-
-
-def _squash(text: str) -> str:
-    """Whitespace-insensitive form: formatting changes upstream must not fail a check."""
-    return " ".join(text.split())
 
 
 @dataclass(frozen=True)
@@ -178,8 +173,8 @@ def _source(obj: Any, module: ModuleType) -> str | None:
 
 
 def _has(source: str, fragment: str) -> bool:
-    """Whether ``fragment`` occurs in ``source``, whitespace-insensitively (what comparing the
-    :func:`_squash` forms does, without squashing a whole module per check)."""
+    """Whether ``fragment`` occurs in ``source`` whitespace-insensitively (any run of whitespace
+    matches any other), so formatting changes upstream do not fail a check."""
     return _pattern(fragment).search(source) is not None
 
 

@@ -319,9 +319,10 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
         landing = [
             op for op in link.recvs.values() if op.batch_id is not None and op.buf is not None
         ]
-        keep = {op.buf.data_ptr() for op in landing if op.buf is not None}
-        _LINGERING.extend(op.buf for op in landing if op.buf is not None and not op.pooled)
-        for op in [*link.sends.values(), *link.unannounced, *link.recvs.values()]:
+        keep = {op.buf.data_ptr() for op in landing}
+        _LINGERING.extend(op.buf for op in landing if not op.pooled)
+        # (``unannounced`` sends are in ``sends`` too)
+        for op in [*link.sends.values(), *link.recvs.values()]:
             if op.buf is not None and not op.pooled and op.buf.data_ptr() not in keep:
                 self.engine.unregister(op.buf)
             op.buf = None
