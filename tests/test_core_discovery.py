@@ -203,3 +203,36 @@ def test_distribution_identity_reads_the_metadata_headers_as_the_parser_does():
         parsed = dist.metadata
         expected = (parsed.get("Name") or "", parsed.get("Version") or "")
         assert manager._identity(dist) == expected, expected
+
+
+def _dist_info(root, name: str, version: str, entry_points: str | None) -> None:
+    info = root / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    if entry_points is not None:
+        (info / "entry_points.txt").write_text(entry_points)
+
+
+def test_discovery_finds_what_importlib_metadata_finds(tmp_path):
+    """The text pre-filter is only a shortcut: same entry points, same shadowing rule."""
+    from importlib import metadata as md
+
+    from titan_plugins import manager
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    group = "[titan_plugins]\n"
+    # shadowed: the first copy on the path has no entry points, so the second's must not count
+    _dist_info(first, "shadowed-plugin", "2.0", None)
+    _dist_info(second, "shadowed-plugin", "1.0", group + "shadowed = titan_shadowed\n")
+    _dist_info(first, "real-plugin", "1.0", "[console_scripts]\nx = a:b\n\n" + group + "real = r\n")
+    _dist_info(first, "mentions-only", "1.0", "[console_scripts]\nt = titan_plugins.cli:main\n")
+    _dist_info(second, "other-group", "1.0", "[pytest11]\np = q\n")
+    path = [str(first), str(second)]
+
+    def key(eps):
+        return sorted((ep.name, ep.value, ep.dist.name) for ep in eps)
+
+    expected = md.entry_points(group=manager.ENTRY_POINT_GROUP)
+    assert key(manager.discover()) == key(expected)  # the environment's own plugins
+    # the shadowed copy and the mere mention stay out, as entry_points() leaves them out
+    assert key(manager.discover(path=path)) == [("real", "r", "real-plugin")]

@@ -16,6 +16,7 @@ import contextlib
 import math
 import os
 import re
+import string
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -24,6 +25,14 @@ from titan_plugins._log import logger
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _BYTE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+_UPPER_SNAKE = frozenset(string.ascii_uppercase + string.digits + "_")
+
+
+def _is_upper_snake(name: str) -> bool:
+    # ``[A-Z][A-Z0-9_]*`` without compiling a pattern inside every ``import megatron``
+    return bool(name) and name[0] in string.ascii_uppercase and _UPPER_SNAKE.issuperset(name)
 
 
 class SettingError(ValueError):
@@ -157,7 +166,7 @@ class Setting:
             raise TypeError(
                 f"Setting {name}: type must be one of bool, int, float, str, list, BYTES"
             )
-        if not re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
+        if not _is_upper_snake(name):
             raise ValueError(
                 f"Setting {name!r}: the name must be UPPER_SNAKE (TITAN_<PLUGIN>_<KNOB>)"
             )

@@ -9,6 +9,7 @@ with the list of installed ones (an error under ``TITAN_PLUGINS_STRICT=1``).
 from __future__ import annotations
 
 import re
+import string
 from collections.abc import Iterable
 
 from titan_plugins.host_memory import MAX_HOST_BYTES
@@ -65,13 +66,28 @@ def plugin_switch_var(name: str) -> str:
     return "TITAN_" + re.sub(r"[^0-9A-Za-z]+", "_", name).upper()
 
 
+_LOWER_WORD = frozenset(string.ascii_lowercase + string.digits)
+
+
+def _is_lower_snake(name: str) -> bool:
+    # ``[a-z][a-z0-9]*(_[a-z0-9]+)*`` (checked for every plugin at each activation) without
+    # compiling a pattern inside ``import megatron``
+    words = name.split("_")
+    return (
+        bool(name)
+        and name[0] in string.ascii_lowercase
+        and all(words)
+        and all(_LOWER_WORD.issuperset(word) for word in words)
+    )
+
+
 def name_problem(name: str) -> str | None:
     """Why ``name`` cannot be a plugin's entry-point name, or None when it can.
 
     Names are lower snake case (so each maps to exactly one switch variable), and none may have
     a switch inside the core's own ``TITAN_PLUGINS_*`` namespace.
     """
-    if not re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)*", name):
+    if not _is_lower_snake(name):
         return f"plugin name {name!r} is not lower snake case (e.g. my_plugin)"
     if name == "plugins" or name.startswith("plugins_"):
         return (

@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 SCHEDULES = "megatron.core.pipeline_parallel.schedules"
@@ -48,7 +47,6 @@ WRAPPER_HOOKS = (
 )
 
 
-@dataclass
 class Call:
     """One call of a patched Megatron function, as the hooks see it.
 
@@ -59,11 +57,28 @@ class Call:
     :param result: what Megatron's function returned (set once the call has run).
     """
 
-    function: Callable[..., Any]
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    state: dict[str, Any] = field(default_factory=dict)
-    result: Any = None
+    # Plain classes, not dataclasses: this module loads inside every ``import megatron`` and
+    # the four dataclasses cost ~3 ms there to generate their methods.
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        state: dict[str, Any] | None = None,
+        result: Any = None,
+    ) -> None:
+        self.function = function
+        self.args = args
+        self.kwargs = kwargs
+        self.state: dict[str, Any] = {} if state is None else state
+        self.result = result
+
+    def __repr__(self) -> str:
+        # names only: the arguments are models, data iterators and tensors
+        base = ("function", "args", "kwargs", "state", "result")
+        extra = "".join(f", {k}={v!r}" for k, v in vars(self).items() if k not in base)
+        name = getattr(self.function, "__name__", "?")
+        return f"{type(self).__name__}({name}, kwargs={sorted(self.kwargs)}{extra})"
 
     def run(self) -> Any:
         """Call Megatron's original function (the core's own hook implementation does this)."""
@@ -77,7 +92,6 @@ class Call:
         return self.args[position] if len(self.args) > position else default
 
 
-@dataclass
 class TrainStep(Call):
     """One call of ``forward_backward_*``: the forward and backward of every microbatch of one
     iteration (or, with ``forward_only``, an evaluation pass).
@@ -87,8 +101,19 @@ class TrainStep(Call):
         this process (0-based); an evaluation call carries the index of the next training call.
     """
 
-    schedule: str = ""
-    index: int = 0
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        state: dict[str, Any] | None = None,
+        result: Any = None,
+        schedule: str = "",
+        index: int = 0,
+    ) -> None:
+        super().__init__(function, args, kwargs, state, result)
+        self.schedule = schedule
+        self.index = index
 
     @property
     def forward_only(self) -> bool:
@@ -107,7 +132,6 @@ class TrainStep(Call):
         return int(self.kwargs.get("num_microbatches", 0))
 
 
-@dataclass
 class Microbatch(Call):
     """One ``schedules.forward_step`` or ``schedules.backward_step`` call inside a TrainStep.
 
@@ -115,8 +139,19 @@ class Microbatch(Call):
     :param step: the TrainStep running it (None when called outside a patched schedule).
     """
 
-    phase: str = "forward"
-    step: TrainStep | None = None
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        state: dict[str, Any] | None = None,
+        result: Any = None,
+        phase: str = "forward",
+        step: TrainStep | None = None,
+    ) -> None:
+        super().__init__(function, args, kwargs, state, result)
+        self.phase = phase
+        self.step = step
 
     @property
     def model(self) -> Any:
@@ -145,7 +180,6 @@ class Microbatch(Call):
         return self.arg("output_tensor", 1)
 
 
-@dataclass
 class OptimizerStep(Call):
     """One call of a Megatron optimizer's ``step`` (returns update_successful, grad_norm,
     num_zeros_in_grad).
@@ -154,7 +188,17 @@ class OptimizerStep(Call):
         per-microbatch losses on the last pipeline stage), or None.
     """
 
-    step: TrainStep | None = None
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        state: dict[str, Any] | None = None,
+        result: Any = None,
+        step: TrainStep | None = None,
+    ) -> None:
+        super().__init__(function, args, kwargs, state, result)
+        self.step = step
 
     @property
     def optimizer(self) -> Any:

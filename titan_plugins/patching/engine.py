@@ -6,7 +6,6 @@ import importlib
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -24,19 +23,20 @@ class PatchError(RuntimeError):
     TITAN_PLUGINS_STRICT=1."""
 
 
-@dataclass
 class _Target:
     """All patches of one ``module:attr`` and what the engine did to it."""
 
-    key: str
-    module_name: str  # the module whose execution triggers these patches (``Patch.module``)
-    patches: list[Patch] = field(default_factory=list)
-    patched_module: ModuleType | None = None  # the module object the chain was applied in
-    owner: Any = None
-    attr: str = ""
-    baseline: Any = MISSING
-    applied: Any = MISSING
-    aliases: list[tuple[ModuleType, str]] = field(default_factory=list)
+    # A plain class: a dataclass costs ~1 ms to build inside every ``import megatron``.
+    def __init__(self, key: str, module_name: str) -> None:
+        self.key = key
+        self.module_name = module_name  # the module whose execution triggers these patches
+        self.patches: list[Patch] = []
+        self.patched_module: ModuleType | None = None  # the module the chain was applied in
+        self.owner: Any = None
+        self.attr = ""
+        self.baseline: Any = MISSING
+        self.applied: Any = MISSING
+        self.aliases: list[tuple[ModuleType, str]] = []
 
     @property
     def is_applied(self) -> bool:

@@ -23,9 +23,8 @@ from __future__ import annotations
 import functools
 import re
 import sys
-from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
+from typing import Any, NamedTuple
 
 from titan_plugins.patching import origin
 
@@ -135,8 +134,7 @@ def _imported(package: str) -> tuple[Any, ...] | None:
     return id(module), path, id(info), getattr(info, "__file__", None), version
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(NamedTuple):
     """Outcome of a patch's gates.
 
     :param reason: why a gate does not hold; None when every gate holds.

@@ -20,10 +20,9 @@ import importlib.util
 import json
 import re
 import sys
-from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 MEGATRON_CORE = "megatron.core"
 MEGATRON_CORE_DISTRIBUTION = "megatron-core"
@@ -37,8 +36,7 @@ DISTRIBUTION, EDITABLE, CHECKOUT, BUNDLED, ABSENT = (
 )
 
 
-@dataclass(frozen=True)
-class Origin:
+class Origin(NamedTuple):
     """Where ``package`` comes from in this environment.
 
     :param kind: ``distribution`` (files installed by the distribution of that name),
@@ -56,11 +54,11 @@ class Origin:
     kind: str
     imported: bool
     distribution: str | None = None
-    shadowed: tuple[str, ...] = field(default=())
+    shadowed: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-serialisable view."""
-        return {**asdict(self), "shadowed": list(self.shadowed)}
+        return {**self._asdict(), "shadowed": list(self.shadowed)}
 
     def summary(self, shadows: bool = True) -> str:
         """One line: ``megatron.core 0.16.1 at <path> (checkout on sys.path, no distribution)``,

@@ -175,7 +175,10 @@ def _source(obj: Any, module: ModuleType) -> str | None:
 def _has(source: str, fragment: str) -> bool:
     """Whether ``fragment`` occurs in ``source`` whitespace-insensitively (any run of whitespace
     matches any other), so formatting changes upstream do not fail a check."""
-    return _pattern(fragment).search(source) is not None
+    # Verbatim first: fragments are copied from the upstream source, so this is the usual
+    # answer, and it needs no pattern compiled (~0.2 ms each while megatron imports). A verbatim
+    # occurrence always matches the pattern, so this never changes an answer.
+    return fragment in source or _pattern(fragment).search(source) is not None
 
 
 @functools.lru_cache(maxsize=256)

@@ -6,7 +6,7 @@ Light on purpose: the core reads :data:`SETTINGS` at activation, while Megatron 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from titan_plugins.settings import BYTES, Setting
 
@@ -92,8 +92,7 @@ def default_host_budget() -> int:
     return int(total * HOST_FRACTION) // local
 
 
-@dataclass(frozen=True)
-class OffloadSettings:
+class OffloadSettings(NamedTuple):
     """Resolved knob values of one activation.
 
     :param modules: blocks whose saved tensors are offloaded (see :data:`MODULES`).

@@ -323,3 +323,16 @@ def test_megatron_import_loads_no_backend_and_sees_the_flag() -> None:
         probe
     )
     assert not [m for m in probe["loaded"] if m.rsplit(".", 1)[-1] in HEAVY], probe["loaded"]
+
+
+def test_deep_ep_lookup_follows_the_path(tmp_path, monkeypatch) -> None:
+    """The found / not found answer is kept per sys.path, so a path that gains a deep_ep sees it."""
+    from titan_moe_ep_overlap import patches
+
+    monkeypatch.delitem(sys.modules, "deep_ep", raising=False)
+    assert patches.deep_ep_installed() is False
+    (tmp_path / "deep_ep").mkdir()
+    (tmp_path / "deep_ep" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert patches.deep_ep_installed() is True
+    assert "deep_ep" not in sys.modules  # found, not imported

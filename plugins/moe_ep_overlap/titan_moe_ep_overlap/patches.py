@@ -65,10 +65,20 @@ def deep_ep_installed() -> bool:
     """Whether a ``deep_ep`` package is importable (found, not imported)."""
     if "deep_ep" in sys.modules:
         return True
-    try:
-        return importlib.util.find_spec("deep_ep") is not None
-    except (ValueError, ImportError):
-        return False
+    # Asked once per fused_a2a name while megatron imports (a search of sys.path each, ~0.3
+    # ms): the answer is kept for the same sys.path.
+    key = tuple(sys.path)
+    found = _FOUND_ON_PATH.get(key)
+    if found is None:
+        try:
+            found = importlib.util.find_spec("deep_ep") is not None
+        except (ValueError, ImportError):
+            found = False
+        _FOUND_ON_PATH[key] = found
+    return found
+
+
+_FOUND_ON_PATH: dict[tuple[str, ...], bool] = {}
 
 
 def _ours(name: str) -> Any:
