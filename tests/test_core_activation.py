@@ -134,3 +134,29 @@ def test_autoload_never_raises(world, monkeypatch):
     monkeypatch.setattr(autoload.ImportTrigger, "install", explode)
     autoload.arm("torch.backends")  # must not raise
     assert "watcher exploded" in activation.autoload_state()["state"]
+
+
+def test_a_lookup_does_not_activate_an_import_does(world):
+    """``find_spec`` (availability checks, ``titan-plugins list``) finds megatron without
+    loading plugins; executing the module fires the trigger."""
+    import importlib.util
+
+    autoload.arm("torch.backends")
+    spec = importlib.util.find_spec("megatron_fake_pkg")
+    assert spec is not None and spec.origin.endswith("__init__.py")
+    assert activation.active() is None and autoload.armed().trigger.armed
+    assert "megatron_fake_pkg" not in sys.modules
+    user = importlib.import_module("megatron_fake_pkg.user")
+    assert activation.active() is not None and not autoload.armed().trigger.armed
+    assert user.f() == "patched"
+
+
+def test_armed_late_the_next_module_is_patched_as_it_runs(world):
+    """Armed while megatron is importing (torch imported from inside it): the trigger fires as
+    the next module executes, and that module is itself a patch target."""
+    importlib.import_module("megatron_fake_pkg")
+    autoload.arm("torch.backends")
+    assert autoload.armed().late
+    mod = importlib.import_module("megatron_fake_pkg.mod")
+    assert mod.f() == "patched"  # patched right after its own body ran
+    assert activation.autoload_state()["state"] == "activated (megatron already importing)"

@@ -35,9 +35,12 @@ def find_elsewhere(me: object, fullname: str, path: Any, target: Any) -> ModuleS
 
 
 class ImportTrigger(importlib.abc.MetaPathFinder):
-    """One-shot: calls ``on_trigger()`` at the first import of a module under ``prefixes``,
-    before that module is looked up, then takes itself off ``sys.meta_path``.
+    """One-shot: calls ``on_trigger()`` when the first module under ``prefixes`` is about to
+    execute, then takes itself off ``sys.meta_path``.
 
+    It fires at execution, not at lookup: ``importlib.util.find_spec("megatron")`` (an
+    availability check in many libraries, ``titan-plugins list``) finds the module without
+    loading plugins; a namespace package (no code to run) passes it on to its first submodule.
     An exception from ``on_trigger`` propagates to that import statement (STRICT mode uses it
     to stop ``import megatron`` with a clear message).
     """
@@ -49,12 +52,22 @@ class ImportTrigger(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
         if self._on_trigger is None or fullname.split(".", 1)[0] not in self._prefixes:
             return None
+        spec = find_elsewhere(self, fullname, path, target)
+        loader = spec.loader if spec is not None else None
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec  # not found, or nothing to execute: stay armed
+        spec.loader = _FiringLoader(loader, self, path, target)
+        return spec
+
+    def fire(self) -> bool:
+        """Run ``on_trigger`` once and take the trigger off ``sys.meta_path``; False when it
+        had already fired or was disarmed."""
         trigger, self._on_trigger = self._on_trigger, None
         self.remove()
+        if trigger is None:
+            return False
         trigger()
-        # Activation may have installed a patch watcher that the import machinery has already
-        # passed over for this module: ask the finders again so it can wrap this module too.
-        return find_elsewhere(self, fullname, path, target)
+        return True
 
     @property
     def armed(self) -> bool:
@@ -75,6 +88,31 @@ class ImportTrigger(importlib.abc.MetaPathFinder):
         """Take the trigger off ``sys.meta_path``."""
         while self in sys.meta_path:
             sys.meta_path.remove(self)
+
+
+class _FiringLoader(importlib.abc.Loader):
+    """The real loader of the first triggering module, firing the trigger before it executes."""
+
+    def __init__(self, loader: Any, trigger: ImportTrigger, path: Any, target: Any) -> None:
+        self._loader = loader
+        self._trigger = trigger
+        self._where = (path, target)
+
+    def create_module(self, spec: ModuleSpec) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        loader = self._loader
+        if self._trigger.fire():
+            # Activation may have installed a patch watcher for this very module: ask the
+            # finders again, so it wraps the loader that runs it.
+            again = find_elsewhere(self._trigger, module.__name__, *self._where)
+            if again is not None and again.loader is not None:
+                loader = again.loader
+        loader.exec_module(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
 
 
 class Armed:
