@@ -160,3 +160,45 @@ def test_armed_late_the_next_module_is_patched_as_it_runs(world):
     mod = importlib.import_module("megatron_fake_pkg.mod")
     assert mod.f() == "patched"  # patched right after its own body ran
     assert activation.autoload_state()["state"] == "activated (megatron already importing)"
+
+
+def test_a_module_found_while_armed_and_run_after_activation_is_patched(
+    world, tmp_path, monkeypatch
+):
+    """Found by a lookup while armed, executed by hand after another channel activated: the
+    watcher installed since still patches it as it runs, and no wrapper is left behind."""
+    import importlib.util
+
+    (tmp_path / "megatron_fake_top.py").write_text("def g():\n    return 'original'\n")
+
+    @hookimpl
+    def titan_register_patches(register):
+        register(
+            Patch(
+                id="top.g",
+                target="megatron_fake_top:g",
+                replace=lambda o: lambda: "patched",
+                rationale="test",
+                remove_when="test",
+            )
+        )
+
+    fake_module("titan_fake_top_plugin", titan_register_patches=titan_register_patches)
+    monkeypatch.setattr(
+        "titan_plugins.manager.discover",
+        lambda: [fake_entry_point("top", "titan_fake_top_plugin")],
+    )
+    monkeypatch.setattr(autoload, "TRIGGER_PREFIXES", ("megatron_fake_top",))
+    autoload.arm("torch.backends")
+    spec = importlib.util.find_spec("megatron_fake_top")  # wrapped by the armed trigger
+    assert activation.active() is None
+    activation.apply()  # another channel activates (and disarms the trigger)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        assert module.g() == "patched"
+        assert type(module.__loader__).__name__ != "_FiringLoader"
+        assert module.__spec__.loader is module.__loader__
+    finally:
+        del sys.modules[spec.name]

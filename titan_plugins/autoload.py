@@ -2,14 +2,16 @@
 
 The ``torch.backends`` entry point runs inside every ``import torch`` of the environment, most
 of them in processes that never touch Megatron, so this module imports only the standard
-library: no manager, no engine, no plugin. The trigger fires at the first import of a module
-under ``megatron``; only then is :mod:`titan_plugins.activation` imported and started. Reading
-the switches here is deliberately raw (off / not off): a malformed value is reported, or raised
-under STRICT, by the activation, out of ``import megatron`` and never out of ``import torch``.
+library: no manager, no engine, no plugin. The trigger fires when the first module under
+``megatron`` is about to run (a lookup alone does not fire it); only then is
+:mod:`titan_plugins.activation` imported and started. Reading the switches here is deliberately
+raw (off / not off): a malformed value is reported, or raised under STRICT, by the activation,
+out of ``import megatron`` and never out of ``import torch``.
 """
 
 from __future__ import annotations
 
+import _imp
 import importlib.abc
 import os
 import sys
@@ -55,7 +57,7 @@ class ImportTrigger(importlib.abc.MetaPathFinder):
         spec = find_elsewhere(self, fullname, path, target)
         loader = spec.loader if spec is not None else None
         if loader is None or not hasattr(loader, "exec_module"):
-            return spec  # not found, or nothing to execute: stay armed
+            return spec  # not found, a namespace package, or a legacy loader: stay armed
         spec.loader = _FiringLoader(loader, self, path, target)
         return spec
 
@@ -66,7 +68,13 @@ class ImportTrigger(importlib.abc.MetaPathFinder):
         self.remove()
         if trigger is None:
             return False
-        trigger()
+        # Under the global import lock, as a finder's lookup runs: another thread's import
+        # waits for the activation instead of running a megatron module before the watcher.
+        _imp.acquire_lock()
+        try:
+            trigger()
+        finally:
+            _imp.release_lock()
         return True
 
     @property
@@ -102,14 +110,27 @@ class _FiringLoader(importlib.abc.Loader):
         return self._loader.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
+        self._trigger.fire()
+        # The activation (now, or since this module was found) may have installed a patch
+        # watcher for this very module: ask the finders again, so it wraps the loader that
+        # runs it (the same file only).
         loader = self._loader
-        if self._trigger.fire():
-            # Activation may have installed a patch watcher for this very module: ask the
-            # finders again, so it wraps the loader that runs it.
-            again = find_elsewhere(self._trigger, module.__name__, *self._where)
-            if again is not None and again.loader is not None:
-                loader = again.loader
-        loader.exec_module(module)
+        spec = getattr(module, "__spec__", None)
+        again = find_elsewhere(self._trigger, module.__name__, *self._where)
+        if (
+            again is not None
+            and hasattr(again.loader, "exec_module")
+            and again.origin == getattr(spec, "origin", None)
+        ):
+            loader = again.loader
+        try:
+            loader.exec_module(module)
+        finally:
+            # leave no trace: the module's loader is the one that ran it
+            if getattr(module, "__loader__", None) is self:
+                module.__loader__ = loader
+            if spec is not None and spec.loader is self:
+                spec.loader = loader
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)

@@ -120,11 +120,14 @@ def _normalized_name(dist: metadata.Distribution) -> str:
     return re.sub(r"[-_.]+", "_", (dist.metadata["Name"] or "").lower())
 
 
+_PATH_READ_TEXT = metadata.PathDistribution.read_text
+
+
 def _entry_points_text(dist: metadata.Distribution) -> str | None:
     # A folder on disk is read with open() (Distribution.read_text goes through pathlib and
     # an exception per distribution without the file); zips and others take read_text.
     folder = getattr(dist, "_path", None)
-    if not isinstance(folder, os.PathLike):
+    if not isinstance(folder, os.PathLike) or type(dist).read_text is not _PATH_READ_TEXT:
         return dist.read_text("entry_points.txt")
     try:
         with open(os.path.join(folder, "entry_points.txt"), encoding="utf-8") as file:
@@ -275,6 +278,7 @@ class _Watchdog:
 
     def __init__(self) -> None:
         self._loading: tuple[PluginRecord, float] | None = None
+        self._started = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="titan-plugin-watchdog")
         self._thread.daemon = True
@@ -288,7 +292,8 @@ class _Watchdog:
     def loading(self, record: PluginRecord | None) -> None:
         """``record`` starts importing now (None: nothing is importing)."""
         self._loading = (record, time.monotonic()) if record is not None else None
-        if record is not None and not self._thread.is_alive() and not self._stop.is_set():
+        if record is not None and not self._started:
+            self._started = True
             self._thread.start()  # only when something loads
 
     def _watch(self) -> None:
@@ -301,7 +306,10 @@ class _Watchdog:
             record, since = loading
             if time.monotonic() - since >= limit:
                 warned = record
-                _still_importing(record, since)
+                try:
+                    _still_importing(record, since)
+                except Exception:  # a warning must not end the watch of the next plugin
+                    pass
 
 
 def _load_one(

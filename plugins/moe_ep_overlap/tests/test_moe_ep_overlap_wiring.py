@@ -330,9 +330,13 @@ def test_deep_ep_lookup_follows_the_path(tmp_path, monkeypatch) -> None:
     from titan_moe_ep_overlap import patches
 
     monkeypatch.delitem(sys.modules, "deep_ep", raising=False)
+    # a path of our own, so the answer does not depend on whether this host has DeepEP
+    empty, with_it = tmp_path / "empty", tmp_path / "with"
+    empty.mkdir()
+    (with_it / "deep_ep").mkdir(parents=True)
+    (with_it / "deep_ep" / "__init__.py").write_text("")
+    monkeypatch.setattr(sys, "path", [str(empty)])
     assert patches.deep_ep_installed() is False
-    (tmp_path / "deep_ep").mkdir()
-    (tmp_path / "deep_ep" / "__init__.py").write_text("")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "path", [str(with_it), str(empty)])
     assert patches.deep_ep_installed() is True
     assert "deep_ep" not in sys.modules  # found, not imported
