@@ -55,6 +55,8 @@ class Call:
     :param kwargs: keyword arguments of the call.
     :param state: scratch space for wrappers, keyed by plugin name.
     :param result: what Megatron's function returned (set once the call has run).
+
+    The subclasses take these first (positionally or by name) and their own fields by name.
     """
 
     # Plain classes, not dataclasses: this module loads inside every ``import megatron`` and
@@ -101,17 +103,8 @@ class TrainStep(Call):
         this process (0-based); an evaluation call carries the index of the next training call.
     """
 
-    def __init__(
-        self,
-        function: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        state: dict[str, Any] | None = None,
-        result: Any = None,
-        schedule: str = "",
-        index: int = 0,
-    ) -> None:
-        super().__init__(function, args, kwargs, state, result)
+    def __init__(self, *call: Any, schedule: str = "", index: int = 0, **fields: Any) -> None:
+        super().__init__(*call, **fields)  # function, args, kwargs[, state, result]
         self.schedule = schedule
         self.index = index
 
@@ -140,16 +133,9 @@ class Microbatch(Call):
     """
 
     def __init__(
-        self,
-        function: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        state: dict[str, Any] | None = None,
-        result: Any = None,
-        phase: str = "forward",
-        step: TrainStep | None = None,
+        self, *call: Any, phase: str = "forward", step: TrainStep | None = None, **fields: Any
     ) -> None:
-        super().__init__(function, args, kwargs, state, result)
+        super().__init__(*call, **fields)  # function, args, kwargs[, state, result]
         self.phase = phase
         self.step = step
 
@@ -188,16 +174,8 @@ class OptimizerStep(Call):
         per-microbatch losses on the last pipeline stage), or None.
     """
 
-    def __init__(
-        self,
-        function: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        state: dict[str, Any] | None = None,
-        result: Any = None,
-        step: TrainStep | None = None,
-    ) -> None:
-        super().__init__(function, args, kwargs, state, result)
+    def __init__(self, *call: Any, step: TrainStep | None = None, **fields: Any) -> None:
+        super().__init__(*call, **fields)  # function, args, kwargs[, state, result]
         self.step = step
 
     @property
