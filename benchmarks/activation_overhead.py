@@ -127,14 +127,15 @@ def main() -> None:
         med_on, med_off = statistics.median(on), statistics.median(off)
         # Adjacent samples share the machine's momentary load: the median of their ratios is
         # steadier than the ratio of the medians; both are printed.
-        paired = statistics.median(a / b for a, b in zip(on, off))
+        ratios = [a / b for a, b in zip(on, off, strict=True)]
+        paired = statistics.median(ratios)
         # The same overhead measured inside each plugins-on process: the time spent in the
         # activation at the trigger and in judging / applying patches, against the rest of that
         # import (whole imports vary by several % from run to run on a shared machine; this does
         # not), plus the watcher's check on each import, timed and counted in that process
         # (counted for every module in sys.modules, torch's too: an upper bound).
         inside = 1 + statistics.median(t / (s - t) for t, s in zip(titan, on, strict=True))
-        low, high, coverage = median_interval([a / b for a, b in zip(on, off)])
+        low, high, coverage = median_interval(ratios)
         # The in-process figure is the measurement (it counts what the plugins add: activation,
         # patching, the watcher's check on each later import); the whole-import ratios vary by
         # +-10% here (the machine's speed drifts between runs) and can only refute it: the

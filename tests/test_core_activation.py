@@ -13,6 +13,17 @@ from titan_plugins.patching import APPLIED, Patch
 from titan_plugins.testing import fake_entry_point, fake_module
 
 
+def _returning(patch_id: str, target: str, value: str) -> Patch:
+    """A test patch replacing the function at ``target`` by one that returns ``value``."""
+    return Patch(
+        id=patch_id,
+        target=target,
+        replace=lambda original: lambda: value,
+        rationale="test",
+        remove_when="test",
+    )
+
+
 @pytest.fixture
 def world(tmp_path, monkeypatch):
     """A fake 'megatron' package on disk and two fake plugins patching it (one is broken)."""
@@ -38,27 +49,11 @@ def world(tmp_path, monkeypatch):
 
     @hookimpl
     def titan_register_patches(register):
-        register(
-            Patch(
-                id="good.f",
-                target="megatron_fake_pkg.mod:f",
-                replace=lambda o: lambda: "patched",
-                rationale="test",
-                remove_when="test",
-            )
-        )
+        register(_returning("good.f", "megatron_fake_pkg.mod:f", "patched"))
 
     @hookimpl
     def bad_register(register):
-        register(
-            Patch(
-                id="bad.f2",
-                target="megatron_fake_pkg.mod:f",
-                replace=lambda o: lambda: "bad",
-                rationale="test",
-                remove_when="test",
-            )
-        )
+        register(_returning("bad.f2", "megatron_fake_pkg.mod:f", "bad"))
         raise RuntimeError("registration exploded")
 
     fake_module("titan_fake_good_plugin", titan_register_patches=titan_register_patches)
@@ -173,15 +168,7 @@ def test_a_module_found_while_armed_and_run_after_activation_is_patched(
 
     @hookimpl
     def titan_register_patches(register):
-        register(
-            Patch(
-                id="top.g",
-                target="megatron_fake_top:g",
-                replace=lambda o: lambda: "patched",
-                rationale="test",
-                remove_when="test",
-            )
-        )
+        register(_returning("top.g", "megatron_fake_top:g", "patched"))
 
     fake_module("titan_fake_top_plugin", titan_register_patches=titan_register_patches)
     monkeypatch.setattr(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import threading
 import time
 from importlib import metadata
@@ -22,6 +21,7 @@ import pluggy
 
 from titan_plugins import hookspecs
 from titan_plugins._log import logger
+from titan_plugins.patching import origin
 from titan_plugins.patching.status import FAILED
 from titan_plugins.switches import PICK, disabled_reasons, name_problem
 from titan_plugins.train_step import WRAPPER_HOOKS
@@ -117,7 +117,7 @@ def _normalized_name(dist: metadata.Distribution) -> str:
     name = getattr(dist, "_normalized_name", None)
     if isinstance(name, str):
         return name
-    return re.sub(r"[-_.]+", "_", (dist.metadata["Name"] or "").lower())
+    return origin.normalize(dist.metadata["Name"] or "").replace("-", "_")
 
 
 _PATH_READ_TEXT = metadata.PathDistribution.read_text
