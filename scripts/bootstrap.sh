@@ -26,7 +26,7 @@ compile_sources() {
 }
 
 stamp=.venv/.titan-bootstrap
-want=$(cat requirements/*.txt setup.cfg plugins/*/setup.cfg 2>/dev/null | sha256sum | cut -d' ' -f1)
+want=$(cat requirements/*.txt setup.cfg plugins/*/setup.cfg plugins/*/setup.py plugins/*/titan_*/*.c 2>/dev/null | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   compile_sources
   exit 0

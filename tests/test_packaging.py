@@ -136,6 +136,15 @@ def test_sdist_ships_no_tests_and_only_its_own_packages(sdists, dist):
 
 
 @pytest.mark.parametrize("dist", DISTRIBUTIONS, ids=IDS)
+def test_sdist_ships_sources_not_binaries(sdists, dist):
+    """A native extension travels as its C source (built at install); no built object ships."""
+    names = sdists[dist].members
+    assert not [n for n in names if n.endswith((".so", ".pyd", ".o", ".dylib"))]
+    sources = sorted(str(p.relative_to(dist)) for p in (dist / package_of(dist)).rglob("*.c"))
+    assert [n for n in sources if n not in names] == []
+
+
+@pytest.mark.parametrize("dist", DISTRIBUTIONS, ids=IDS)
 def test_one_version_source(sdists, dist):
     package = dist / package_of(dist)
     assert sdists[dist].info["Version"] == version_py(dist)

@@ -1,5 +1,19 @@
-"""Shim for tools that still call setup.py; configuration lives in setup.cfg."""
+"""Build script: metadata lives in setup.cfg; this adds the optional native scanner.
 
-from setuptools import setup
+The scanner (``titan_trace_analysis/_scan.c``) is the reader's hot loop in C.  It is optional:
+where no C compiler or Python headers are available the install still succeeds and the
+pure-Python reader (same results, about 2x the CPU) is used; ``titan-trace --version`` says which.
+"""
 
-setup()
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "titan_trace_analysis._scan",
+            ["titan_trace_analysis/_scan.c"],
+            optional=True,  # a failed build warns and installs without it
+            extra_compile_args=["-O2", "-Wall"],
+        )
+    ]
+)

@@ -10,8 +10,10 @@ from typing import Any
 from . import merged_trace, report_html, report_text
 from .analyze import Settings, analyze, finish
 from .engine import EngineError
+from .fastpath import reader_name
 from .safe import json_text, safe_text
 from .summarize import Options
+from .version import __version__
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
 
@@ -19,6 +21,11 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
     ap = argparse.ArgumentParser(prog="titan-trace", description=__doc__)
+    ap.add_argument(
+        "--version",
+        action="version",
+        version=f"titan-trace {__version__} (reader: {reader_name()})",
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("analyze", help="analyse every rank's trace in DIR")
     a.add_argument("trace_dir", metavar="DIR")

@@ -1,6 +1,7 @@
 """JSON parsing and gzip inflation: orjson and ISA-L (both normal dependencies where wheels exist)
-or the standard library (``--pure-python``, or where they are not installed).  Both give the same
-results; the fast path is 1.8-2.2x cheaper per event.
+or the standard library (``--pure-python``, or where they are not installed), and the native
+scanner of the reader's loop (built at install where a C compiler exists).  All give the same
+results; see the README for what each costs per event.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ try:
     import orjson
 except ImportError:  # pragma: no cover - the default install has it
     orjson = None  # type: ignore[assignment]
+try:
+    from titan_trace_analysis import _scan
+except ImportError:  # built without a C compiler: the reader's Python loop serves
+    _scan = None  # type: ignore[assignment]
 try:
     from isal import isal_zlib
 except ImportError:  # pragma: no cover - the default install has it where wheels exist
@@ -54,6 +59,17 @@ def codec(pure: bool = False) -> Codec:
         errors += (isal_zlib.error,)
     name = "orjson+isal" if isal_zlib is not None else "orjson"
     return Codec(name, orjson.loads, (orjson.JSONDecodeError, ValueError), inflate, errors)
+
+
+def native_scan(pure: bool = False) -> Callable | None:
+    """The native scanner's ``scan`` when built and not ``pure``, else None."""
+    return None if pure or _scan is None else _scan.scan
+
+
+def reader_name(pure: bool = False) -> str:
+    """What reads traces here, e.g. ``native+orjson+isal`` (``titan-trace --version``)."""
+    name = codec(pure).name
+    return name if native_scan(pure) is None else f"native+{name}"
 
 
 def dumps(obj: Any) -> bytes:

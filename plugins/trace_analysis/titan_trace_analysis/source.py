@@ -20,18 +20,19 @@ GZIP = 31  # zlib wbits for a gzip header and trailer
 class Source:
     """Iterate the decompressed content of ``path`` (plain or gzip)."""
 
-    def __init__(self, path: str, codec: Codec, block: int = RAW_BLOCK) -> None:
+    def __init__(self, path: str, codec: Codec, block: int | None = None) -> None:
+        # block: bytes per read of either kind (tests use small ones to cut events across reads)
         self.path, self.codec, self.block = path, codec, block
         self.truncated = False  # the compressed stream ended early
         self.damage: str | None = None  # why inflation stopped before the end
 
     def __iter__(self) -> Iterator[bytes]:
         with open(self.path, "rb") as fh:
-            first = fh.read(self.block)
+            first = fh.read(self.block or RAW_BLOCK)
             if first[:2] != b"\x1f\x8b":
                 while first:
                     yield first
-                    first = fh.read(PLAIN_BLOCK)
+                    first = fh.read(self.block or PLAIN_BLOCK)
                 return
             yield from self._inflate(fh, first)
 
@@ -52,6 +53,6 @@ class Source:
                 d = self.codec.decompressobj(GZIP)  # another gzip member follows
                 data = rest
                 continue
-            data = fh.read(self.block)
+            data = fh.read(self.block or RAW_BLOCK)
         if started and not d.eof:
             self.truncated = True

@@ -59,8 +59,11 @@ def _read(path: str, opts: Options) -> tuple[TraceReader, OpBuilder, list[Step],
     b = OpBuilder()
     steps: dict[int, Step] = {}
     threads: set[int] = set()
-    gpu_event = b.gpu_event
-    for ev in (ev for batch in reader.batches() for ev in batch):
+    gpu_event, kernel = b.gpu_event, b.kernel
+    for ev in (ev for batch in reader.records() for ev in batch):
+        if type(ev) is tuple:  # a GPU event's fields, from the native scanner
+            kernel(*ev)
+            continue
         cat = ev.get("cat")
         if cat in GPU_CATS:
             gpu_event(ev, cat)

@@ -1,0 +1,337 @@
+"""The native scanner (``_scan.c``) reads exactly what the reader's Python loop reads.
+
+Compared event by event (the fields ``OpBuilder.gpu_event`` takes, launch records, counts,
+truncation) on randomised traces built to hit every branch (key orders, spacing, escapes,
+non-ASCII, numbers orjson and C could disagree on, duplicate keys, launch layouts the fast
+regex skips, events cut inside strings, damaged and cut files), on byte-mutated traces, and
+summary by summary on generated multi-rank sets and HTA's real traces.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import shutil
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+import gen_traces
+import pytest
+from titan_trace_analysis import fastpath
+from titan_trace_analysis import summarize as summarize_module
+from titan_trace_analysis.ops import GPU_CATS
+from titan_trace_analysis.reader import TraceReader
+from titan_trace_analysis.summarize import Options, summarize
+
+HTA = Path(__file__).resolve().parent / "data" / "hta"
+
+
+def _can_build() -> bool:
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    header = Path(sysconfig.get_paths()["include"], "Python.h")
+    return shutil.which(cc) is not None and header.is_file()
+
+
+NATIVE = fastpath.native_scan() is not None
+needs_native = pytest.mark.skipif(not NATIVE, reason="native scanner not built (no C compiler)")
+
+
+def test_the_scanner_is_built_wherever_it_can_be():
+    """An install with a C compiler and Python's headers must have built it (the setup marks
+    it optional so installs elsewhere still succeed, which would otherwise hide a failure)."""
+    if not _can_build():
+        pytest.skip("no C compiler or Python headers here: the Python loop is the reader")
+    assert NATIVE, "titan_trace_analysis._scan missing: reinstall titan-trace-analysis"
+    assert fastpath.reader_name() == "native+" + fastpath.codec().name
+    assert fastpath.reader_name(pure=True) == "stdlib"
+
+
+def _norm(ev: Any) -> tuple:
+    """An item of ``records()`` as the analysis sees it (the fields gpu_event takes)."""
+    if type(ev) is tuple:
+        cat, ts, dur, name, corr, args = ev
+        return (
+            "gpu",
+            cat,
+            repr(ts),
+            repr(dur),
+            name,
+            corr,
+            None if args is None else json.loads(args),
+        )
+    cat = ev.get("cat")
+    if cat in GPU_CATS:
+        try:
+            ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
+        except (KeyError, TypeError, ValueError):
+            return ("dict", json.dumps(ev, sort_keys=True))
+        args = ev.get("args") if type(ev.get("args")) is dict else None
+        corr = args.get("correlation") if args is not None else None
+        corr = corr if type(corr) is int and corr >= 0 else None
+        return ("gpu", cat, repr(ts), repr(dur), ev.get("name", ""), corr, args)
+    return ("dict", json.dumps(ev, sort_keys=True))
+
+
+def _read(path: Path, native: bool, block: int | None) -> tuple:
+    reader = TraceReader(str(path), native=native, block=block)
+    items: list[tuple] = []
+    try:
+        for batch in reader.records():
+            items += map(_norm, batch)
+    except Exception as exc:  # both loops must fail the same way
+        return ("raised", type(exc).__name__, str(exc))
+    launches = [(k, repr(v[0]), v[1]) for k, v in reader.launches.items()]
+    return (items, launches, reader.n_events, reader.bad_events, reader.truncated,
+            reader.damage, json.dumps(reader.header, sort_keys=True))  # fmt: skip
+
+
+def _same(path: Path, block: int | None) -> tuple:
+    python, native = _read(path, False, block), _read(path, True, block)
+    assert native == python, f"{path} (block {block}) reads differently"
+    return python
+
+
+# ---- randomised events ----
+
+NAMES = ['"k"', '"void at::native::vectorized_elementwise_kernel<4, float>(int)"',
+         '"ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)"', '"k<{a}, {b}>"',
+         '"q\\"uote"', '"caf\xc3\xa9"', '"\\u00e9t\\u00e9"', '"\\ud83d\\ude00"', '""', "7", "null",
+         '"ncclKernel_AllReduce_RING_LL_Sum_float"', '"Memcpy DtoH (Device -> Pinned)"']  # fmt: skip
+NUMBERS = ["0", "5", "17", "-0", "-3", "1.5", "1696875284613337", "1696875284613337.25",
+           "1.5e3", "1E+2", "2.5e-7", "1e400", "123456789012345678901234", "0.1", "1e99",
+           "1e100", "12345678901234567", "-0.0", "01", "1.", '"12"', "true", "null", "[1]"]  # fmt: skip
+CORRS = ["12", "0", "-0", "-4", "4.0", '"9"', "123456789012345678", "1234567890123456789", "null"]
+CATS = ['"kernel"', '"gpu_memcpy"', '"gpu_memset"', '"cuda_runtime"', '"cuda_driver"',
+        '"musa_runtime"', '"cpu_op"', '"user_annotation"', '"gpu_user_annotation"',
+        '"python_function"', '"ker\\u006eel"']  # fmt: skip
+TITLES = ['"ProfilerStep#3"', '"nccl:send 0->1"', '"gloo:recv"', '"titan.p2p:recv_forward"',
+          '"aten::mm"', '"ProfilerStep#x"', '"mccl:all_reduce"']  # fmt: skip
+SPACES = ["", " ", "  ", "\n", "\t", "\r\n  "]
+
+
+def _obj(rng: random.Random, members: list[tuple[str, str]]) -> str:
+    rng.shuffle(members)
+    sp = lambda: rng.choice(SPACES)  # noqa: E731
+    body = ("," + sp()).join(f"{sp()}{json.dumps(k)}{sp()}:{sp()}{v}" for k, v in members)
+    return "{" + body + sp() + "}"
+
+
+def _args(rng: random.Random) -> str:
+    members = [("External id", str(rng.randint(0, 999))), ("stream", "7"),
+               ("grid", "[1, 2, 3]"), ("notes", '"a}, {b"')]  # fmt: skip
+    if rng.random() < 0.85:
+        members.append(("correlation", rng.choice(CORRS)))
+    if rng.random() < 0.1:
+        members.append(("correlation", rng.choice(CORRS)))  # duplicate: the last wins
+    if rng.random() < 0.1:
+        members.append(("nested", '{"correlation": 99, "deep": [[{"x": {}}]]}'))
+    if rng.random() < 0.05:
+        members.append(("corr\\u0065lation", "77"))  # spells "correlation" escaped
+    if rng.random() < 0.05:
+        members.append(("Process Group Name", '"0"'))
+    return _obj(rng, members)
+
+
+def _gpu(rng: random.Random) -> str:
+    members = [("ph", '"X"'), ("cat", rng.choice(CATS[:3] if rng.random() < 0.8 else CATS)),
+               ("pid", "0"), ("tid", "7")]  # fmt: skip
+    if rng.random() < 0.95:
+        members.append(("name", rng.choice(NAMES)))
+    if rng.random() < 0.95:
+        members.append(
+            ("ts", rng.choice(NUMBERS) if rng.random() < 0.5 else str(rng.randint(0, 10**6)))
+        )
+    if rng.random() < 0.9:
+        members.append(
+            ("dur", rng.choice(NUMBERS) if rng.random() < 0.3 else str(rng.randint(0, 500)))
+        )
+    r = rng.random()
+    if r < 0.8:
+        members.append(("args", _args(rng)))
+    elif r < 0.85:
+        members.append(("args", rng.choice(['"x"', "[]", "null", "3"])))
+    if rng.random() < 0.05:
+        members.append(("cat", rng.choice(CATS)))  # a duplicate "cat": the last wins
+    if rng.random() < 0.03:
+        members.append(("args", _args(rng)))
+    return _obj(rng, members)
+
+
+def _launch(rng: random.Random, odd: bool = False) -> str:
+    ts = rng.choice([str(rng.randint(0, 10**6)), "1.5e3", "1e999", "-7", "2.", "3E-2"])
+    if odd and rng.random() < 0.02:
+        ts = rng.choice(["1e", "1.2.3", "-", "1e5e"])  # float() raises on these: the file fails
+    corr = rng.choice(["12", "0", "1234567890123456789", str(rng.randint(0, 10**5))])
+    tid = rng.choice(["7", "12345678901234567890"])
+    cat = rng.choice(['"cuda_runtime"', '"cuda_driver"', '"musa_runtime"', '"musa_driver"'])
+    args = f'{{"External id": 3, "cbid": 211, "correlation": {corr}}}'
+    if rng.random() < 0.7:  # Kineto's layout: tid, ts, ..., args
+        sp = rng.choice(SPACES)
+        return (f'{{"ph": "X", "cat": {cat}, "name": "cudaLaunchKernel", "pid": 0,{sp}"tid":{sp}'
+                f'{tid},{sp}"ts": {ts}, "dur": 4, "args": {args}}}')  # fmt: skip
+    members = [("ph", '"X"'), ("cat", cat), ("name", '"cudaLaunchKernel"'), ("tid", tid),
+               ("ts", ts), ("args", args)]  # fmt: skip
+    return _obj(rng, members)
+
+
+def _annotation(rng: random.Random) -> str:
+    cat = rng.choice(['"user_annotation"', '"cpu_op"', '"gpu_user_annotation"'])
+    members = [("ph", '"X"'), ("cat", cat), ("name", rng.choice(TITLES)), ("pid", "0"),
+               ("tid", "7"), ("ts", str(rng.randint(0, 10**6))), ("dur", "9")]  # fmt: skip
+    return _obj(rng, members)
+
+
+def _other(rng: random.Random) -> str:
+    return rng.choice([
+        '{"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 5, "dur": 1, "args": {}}',
+        '{"ph": "X", "cat": "kernel", "name": "bad", "ts": }',  # invalid: needs the Python loop
+        '{"ph": "X", "cat": "kernel", "name": "k", "ts": NaN, "dur": 1}',
+        '{"ph": "X", "cat": "python_function", "name": "f", "ts": 1, "dur": 1}',
+        '{"ph": "M", "name": "process_name", "args": {"name": "python"}}',
+        '{}',
+        '{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 1, "args": {}}}',
+        '{"ph": "X", "cat": "kernel",\x0c"name": "k", "ts": 1, "dur": 1}',  # \f, \v: not JSON
+        '{"ph": "X", "cat": "kernel", "name": "k", "ts":\x0b1, "dur": 1}',  # spacing
+        '{"ph": "X", "cat": "kernel", "name": "k\x01", "ts": 1, "dur": 1}',
+        '{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 1, "args": {"a": tru}}',
+        '{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 1, "args": {"a": [1,]}}',
+    ])  # fmt: skip
+
+
+def _trace_text(rng: random.Random, n: int, odd: bool = False) -> str:
+    makers = [(_gpu, 0.45), (lambda r: _launch(r, odd), 0.25), (_annotation, 0.12), (_other, 0.08)]
+    events = []
+    for _ in range(n):
+        r, acc = rng.random(), 0.0
+        for make, w in makers:
+            acc += w
+            if r < acc:
+                events.append(make(rng))
+                break
+        else:
+            events.append(_gpu(rng))
+    joints = [", ", ",", ",\n", " ,\t"]  # "}, {" boundaries as writers space them
+    body = "".join(e if i == 0 else rng.choice(joints) + e for i, e in enumerate(events))
+    head = '{"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 2}, "traceEvents": ['
+    return head + body + '], "displayTimeUnit": "ms"}'
+
+
+def _write(path: Path, text: bytes, gz: bool) -> Path:
+    if gz:
+        path = path.with_suffix(".json.gz")
+        path.write_bytes(gzip.compress(text))
+    else:
+        path.write_bytes(text)
+    return path
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(12))
+def test_randomised_traces_read_the_same(tmp_path: Path, seed: int):
+    rng = random.Random(seed)
+    text = _trace_text(rng, 600).encode()
+    whole = _write(tmp_path / "t.json", text, gz=seed % 2 == 0)
+    for block in (97, 512, 4096, None):
+        items, launches, n_events, *_ = _same(whole, block)
+        assert n_events > 500 and items and launches  # the loops read something
+    odd = _write(tmp_path / "odd.json", _trace_text(rng, 600, odd=True).encode(), gz=False)
+    _same(odd, 301)  # a launch time float() rejects: both raise, or both read
+    cut = _write(
+        tmp_path / "cut.json", text[: rng.randint(len(text) // 3, len(text) - 10)], gz=False
+    )
+    for block in (97, 1024):
+        got = _same(cut, block)
+        assert got[4]  # truncated
+
+
+@needs_native
+def test_the_native_scanner_hands_over_what_it_cannot_vouch_for(tmp_path: Path):
+    """Tuples only for clean GPU events; everything else reaches Python as before."""
+    events = [
+        '{"ph": "X", "cat": "kernel", "name": "k1", "ts": 10, "dur": 2, "args": {"correlation": 5}}',
+        '{"ph": "X", "cat": "kernel", "name": "k\\u00e9", "ts": 10, "dur": 2, "args": {}}',
+        '{"ph": "X", "cat": "gpu_memcpy", "name": "m", "ts": 1.5e3, "args": {"correlation": -0}}',
+        '{"ph": "X", "cat": "kernel", "name": "k3", "ts": 123456789012345678901, "dur": 1}',
+        '{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "ts": 1, "dur": 50}',
+    ] * 4  # fmt: skip
+    text = '{"traceEvents": [' + ", ".join(events) + "]}"
+    path = _write(tmp_path / "t.json", text.encode(), gz=False)
+    reader = TraceReader(str(path), native=True, block=64)
+    items = [ev for batch in reader.records() for ev in batch]
+    kinds = [type(ev).__name__ for ev in items]
+    assert kinds[:5] == ["tuple", "dict", "tuple", "dict", "dict"]
+    assert items[0] == ("kernel", 10.0, 2.0, "k1", 5, b'{"correlation": 5}')
+    assert items[2] == ("gpu_memcpy", 1500.0, 0.0, "m", 0, b'{"correlation": -0}')
+    assert items[1]["name"] == "ké" and items[3]["ts"] == 1.2345678901234568e20  # orjson: a float
+    _same(path, 64)
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(6))
+def test_mutated_traces_read_the_same(tmp_path: Path, seed: int):
+    """Random byte edits (structure characters, digits, quotes) anywhere in a trace."""
+    rng = random.Random(1000 + seed)
+    base = bytearray(_trace_text(rng, 150, odd=True).encode())
+    alphabet = b'{}[],:"\\ 0123456789.eE-+ntu\n\x0c\x0b\xc3'
+    for trial in range(25):
+        text = bytearray(base)
+        for _ in range(rng.randint(1, 6)):
+            pos = rng.randrange(len(text))
+            op = rng.random()
+            if op < 0.4:
+                text[pos] = rng.choice(alphabet)
+            elif op < 0.7:
+                del text[pos]
+            else:
+                text.insert(pos, rng.choice(alphabet))
+        path = _write(tmp_path / f"m{trial}.json", bytes(text), gz=False)
+        _same(path, rng.choice([64, 211, 1500]))
+
+
+def _summaries_agree(path: str) -> dict:
+    orig = summarize_module.TraceReader
+
+    def python_loop(*args: Any, **kwargs: Any) -> TraceReader:
+        return orig(*args, **{**kwargs, "native": False})
+
+    native = summarize(path, options=Options())
+    summarize_module.TraceReader = python_loop  # type: ignore[assignment,misc]
+    try:
+        python = summarize(path, options=Options())
+    finally:
+        summarize_module.TraceReader = orig  # type: ignore[misc]
+    native.pop("timeline", None), python.pop("timeline", None)
+    assert native == python, path
+    return native
+
+
+@needs_native
+def test_generated_sets_summarise_the_same(tmp_path: Path):
+    out = tmp_path / "t"
+    gen_traces.generate(["--out", str(out), "--ranks", "8", "--pp", "2", "--layers", "2",
+                         "--steps", "3", "--slow-stages", "1", "--no-collective-args"])  # fmt: skip
+    files = sorted(out.glob("*.json*"))
+    for f in files[:4]:
+        s = _summaries_agree(str(f))
+        assert s["status"] == "ok" and s["steps"]
+    data = (
+        gzip.decompress(files[0].read_bytes())
+        if files[0].suffix == ".gz"
+        else files[0].read_bytes()
+    )
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    s = _summaries_agree(str(cut))
+    assert s["truncated"] and s["steps"]
+
+
+@needs_native
+def test_hta_real_traces_summarise_the_same():
+    files = [p for p in HTA.rglob("*.json*") if p.is_file() and p.name != "hta_0.5.0_temporal.json"]
+    assert len(files) >= 4, files
+    for f in files:
+        _summaries_agree(str(f))
+    assert os.path.getsize(max(files, key=os.path.getsize)) > 1 << 20  # past a read or two

@@ -1,0 +1,619 @@
+/* The trace reader's hot loop in C: cut the decompressed ``traceEvents`` text into events, keep
+ * the wanted ones, read launch calls and parse GPU events into their fields.
+ *
+ * It gives exactly what the Python loop in reader.py gives (that loop stays, as the fallback
+ * and the reference the tests compare against):
+ * - events are cut at the same ``}\s*,\s*{`` boundaries (a bytes regex's \s), the last HOLD
+ *   pieces of a buffer are held back the same way;
+ * - the selection, launch and annotation tests are hand-written equivalents of reader.py's
+ *   regexes (the same leftmost match, the same captured text);
+ * - a GPU event becomes a tuple of its fields only when this parser can vouch that orjson would
+ *   give the same values: strict JSON, ASCII, no escapes in the fields read, integers of at most
+ *   18 digits, no exponent that could overflow; anything else is handed back as the raw piece,
+ *   and Python parses it as before.
+ * Where Python would raise or retry (a launch time float() rejects, a piece whose parse fails
+ * and needs its neighbours), scan() returns None and reader.py runs the Python loop over the
+ * whole buffer again: same results by construction (launch records are idempotent).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+static PyObject *CAT_KERNEL, *CAT_MEMCPY, *CAT_MEMSET, *EMPTY;
+
+#define MAX_DEPTH 64
+#define MAX_INT_DIGITS 18 /* fits int64: no rounding question, orjson gives an int */
+#define MAX_NUMBER 96
+
+/* \s of a bytes regex: space, \t \n \v \f \r */
+static inline int re_space(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+static inline int json_ws(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+static inline int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+
+static const char *skip_re_space(const char *p, const char *e) {
+    while (p < e && re_space((unsigned char)*p)) p++;
+    return p;
+}
+
+/* The first `lit` (length len) in [p, e), found by memchr on its byte k (a rare one: glibc's
+ * memmem costs more to start than these short searches take), or NULL. */
+static const char *find(const char *p, const char *e, const char *lit, Py_ssize_t len, Py_ssize_t k) {
+    if (e - p < len) return NULL;
+    const char *q = p + k;
+    while (q < e - (len - 1 - k) && (q = memchr(q, lit[k], (size_t)(e - (len - 1 - k) - q))) != NULL) {
+        if (memcmp(q - k, lit, (size_t)len) == 0) return q - k;
+        q++;
+    }
+    return NULL;
+}
+#define FIND(p, e, lit, k) find((p), (e), (lit), (Py_ssize_t)sizeof(lit) - 1, (k))
+
+/* p[0:n] contains the literal entirely within its first `within` bytes (bytes.find(x, 0, within)) */
+#define FIND_WITHIN(p, n, lit, k, within) (FIND((p), (p) + ((n) < (within) ? (n) : (within)), (lit), (k)) != NULL)
+
+/* `"<key>"\s*:\s*"` at q: the position after the opening quote of the value, or NULL */
+static const char *key_then_quote(const char *q, const char *e, Py_ssize_t keylen) {
+    const char *r = skip_re_space(q + keylen, e);
+    if (r >= e || *r != ':') return NULL;
+    r = skip_re_space(r + 1, e);
+    if (r >= e || *r != '"') return NULL;
+    return r + 1;
+}
+
+static const char *const WANTED[] = {"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime",
+                                     "cuda_driver", "musa_runtime", "musa_driver",
+                                     "user_annotation"};
+
+/* reader.WANTED.search */
+static int wanted(const char *p, const char *e) {
+    const char *q = p;
+    while ((q = FIND(q, e, "\"cat\"", 1)) != NULL) {
+        const char *r = key_then_quote(q, e, 5);
+        if (r != NULL) {
+            for (size_t i = 0; i < sizeof(WANTED) / sizeof(WANTED[0]); i++) {
+                Py_ssize_t len = (Py_ssize_t)strlen(WANTED[i]);
+                if (e - r > len && memcmp(r, WANTED[i], (size_t)len) == 0 && r[len] == '"') return 1;
+            }
+        }
+        q++;
+    }
+    return 0;
+}
+
+static const char *const COMM[] = {"nccl:", "gloo:", "mccl:", "rccl:", "hccl:", "titan.p2p:"};
+
+/* reader.COMM_MARK.search */
+static int comm_mark(const char *p, const char *e) {
+    const char *q = p;
+    while ((q = FIND(q, e, "\"name\"", 4)) != NULL) {
+        const char *r = key_then_quote(q, e, 6);
+        if (r != NULL) {
+            for (size_t i = 0; i < sizeof(COMM) / sizeof(COMM[0]); i++) {
+                Py_ssize_t len = (Py_ssize_t)strlen(COMM[i]);
+                if (e - r >= len && memcmp(r, COMM[i], (size_t)len) == 0) return 1;
+            }
+        }
+        q++;
+    }
+    return 0;
+}
+
+typedef struct {
+    const char *s, *e;
+} span;
+
+static inline int float_char(unsigned char c) {
+    return is_digit(c) || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-';
+}
+
+/* reader.LAUNCH.search: "tid"\s*:\s*(\d+)\s*,\s*"ts"\s*:\s*(-?[0-9][0-9.eE+-]*)[^{]*\{[^}]*
+ * "correlation"\s*:\s*(\d+).  Every quantifier but the last [^}]* is deterministic here (the
+ * next token cannot be taken by it); that one backtracks from the first '}' after the '{', so
+ * the match is the last "correlation" before it that is followed by \s*:\s*\d. */
+static int launch_match(const char *p, const char *e, span *tid, span *ts, span *corr) {
+    const char *q = p;
+    while ((q = FIND(q, e, "\"tid\"", 3)) != NULL) {
+        const char *r = skip_re_space(q + 5, e);
+        q++;
+        if (r >= e || *r != ':') continue;
+        r = skip_re_space(r + 1, e);
+        tid->s = r;
+        while (r < e && is_digit((unsigned char)*r)) r++;
+        if (r == tid->s) continue;
+        tid->e = r;
+        r = skip_re_space(r, e);
+        if (r >= e || *r != ',') continue;
+        r = skip_re_space(r + 1, e);
+        if (e - r < 4 || memcmp(r, "\"ts\"", 4) != 0) continue;
+        r = skip_re_space(r + 4, e);
+        if (r >= e || *r != ':') continue;
+        r = skip_re_space(r + 1, e);
+        ts->s = r;
+        if (r < e && *r == '-') r++;
+        if (r >= e || !is_digit((unsigned char)*r)) continue;
+        while (r < e && float_char((unsigned char)*r)) r++;
+        ts->e = r;
+        const char *brace = memchr(r, '{', (size_t)(e - r));
+        if (brace == NULL) continue;
+        const char *close = memchr(brace + 1, '}', (size_t)(e - brace - 1));
+        if (close == NULL) close = e;
+        int found = 0;
+        const char *c = brace + 1;
+        while ((c = FIND(c, close, "\"correlation\"", 7)) != NULL) {
+            const char *v = skip_re_space(c + 13, e);
+            c++;
+            if (v >= e || *v != ':') continue;
+            v = skip_re_space(v + 1, e);
+            const char *d = v;
+            while (d < e && is_digit((unsigned char)*d)) d++;
+            if (d == v) continue;
+            corr->s = v;
+            corr->e = d;
+            found = 1;
+        }
+        if (found) return 1;
+    }
+    return 0;
+}
+
+/* int(digits) for at most 18 digits; -1 when longer (the caller falls back) */
+static long long small_int(span s) {
+    if (s.e - s.s > MAX_INT_DIGITS) return -1;
+    long long v = 0;
+    for (const char *c = s.s; c < s.e; c++) v = v * 10 + (*c - '0');
+    return v;
+}
+
+/* float(text) as Python computes it; 0 when Python's float() would not take the whole text */
+static int py_float(span s, double *out) {
+    char tmp[MAX_NUMBER + 1];
+    Py_ssize_t n = s.e - s.s;
+    if (n <= 0 || n > MAX_NUMBER) return 0;
+    memcpy(tmp, s.s, (size_t)n);
+    tmp[n] = '\0';
+    char *end = NULL;
+    double v = PyOS_string_to_double(tmp, &end, NULL);
+    if (v == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (end != tmp + n) return 0;
+    *out = v;
+    return 1;
+}
+
+/* ---- a strict JSON parser that records the few fields the analysis reads ---- */
+
+enum { J_NONE, J_STR, J_INT, J_FLOAT, J_OBJ, J_OTHER };
+enum { P_OK, P_RAW }; /* P_RAW: not provably what orjson returns; Python parses the piece */
+
+typedef struct {
+    int type;
+    int escaped; /* a string with a backslash escape */
+    const char *s, *e; /* a string's content without quotes; a number's or object's text */
+} jval;
+
+typedef struct {
+    const char *p, *e;
+    jval cat, name, ts, dur, args, corr;
+} parser;
+
+static inline void skip_ws(parser *ps) {
+    while (ps->p < ps->e && json_ws((unsigned char)*ps->p)) ps->p++;
+}
+
+static inline int hexval(unsigned char c) {
+    if (is_digit(c)) return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* at the opening quote */
+static int parse_string(parser *ps, jval *v) {
+    const char *p = ps->p + 1, *e = ps->e;
+    v->type = J_STR;
+    v->escaped = 0;
+    v->s = p;
+    for (;;) {
+        if (p >= e) return P_RAW;
+        unsigned char c = (unsigned char)*p;
+        if (c == '"') break;
+        if (c < 0x20 || c >= 0x80) return P_RAW; /* invalid, or UTF-8 left to orjson */
+        if (c == '\\') {
+            v->escaped = 1;
+            if (p + 1 >= e) return P_RAW;
+            unsigned char x = (unsigned char)p[1];
+            if (x == 'u') {
+                if (e - p < 6) return P_RAW;
+                int cp = 0;
+                for (int i = 2; i < 6; i++) {
+                    int h = hexval((unsigned char)p[i]);
+                    if (h < 0) return P_RAW;
+                    cp = cp * 16 + h;
+                }
+                if (cp >= 0xD800 && cp <= 0xDFFF) return P_RAW; /* surrogates: orjson decides */
+                p += 6;
+                continue;
+            }
+            if (!strchr("\"\\/bfnrt", x) || x == '\0') return P_RAW;
+            p += 2;
+            continue;
+        }
+        p++;
+    }
+    v->e = p;
+    ps->p = p + 1;
+    return P_OK;
+}
+
+static int parse_number(parser *ps, jval *v) {
+    const char *p = ps->p, *e = ps->e;
+    v->s = p;
+    if (p < e && *p == '-') p++;
+    const char *d0 = p;
+    if (p >= e || !is_digit((unsigned char)*p)) return P_RAW;
+    if (*p == '0') {
+        p++;
+        if (p < e && is_digit((unsigned char)*p)) return P_RAW; /* leading zero */
+    } else {
+        while (p < e && is_digit((unsigned char)*p)) p++;
+    }
+    Py_ssize_t int_digits = p - d0;
+    int is_float = 0;
+    if (p < e && *p == '.') {
+        is_float = 1;
+        p++;
+        const char *f0 = p;
+        while (p < e && is_digit((unsigned char)*p)) p++;
+        if (p == f0) return P_RAW;
+    }
+    if (p < e && (*p == 'e' || *p == 'E')) {
+        is_float = 1;
+        p++;
+        if (p < e && (*p == '+' || *p == '-')) p++;
+        const char *x0 = p;
+        while (p < e && is_digit((unsigned char)*p)) p++;
+        if (p == x0) return P_RAW;
+        if (p - x0 > 2) return P_RAW; /* |exponent| >= 100: overflow is orjson's to judge */
+    }
+    if (int_digits > MAX_INT_DIGITS) return P_RAW; /* big integers become floats in orjson */
+    if (is_float && p - v->s > MAX_NUMBER) return P_RAW;
+    v->type = is_float ? J_FLOAT : J_INT;
+    v->e = p;
+    ps->p = p;
+    return P_OK;
+}
+
+static int parse_value(parser *ps, jval *v, int depth, int role);
+
+enum { ROLE_NONE, ROLE_TOP, ROLE_ARGS };
+
+/* at '{' (or, for the event itself, at its first member: the braces are the separators) */
+static int parse_members(parser *ps, int depth, int role, int braced) {
+    skip_ws(ps);
+    if (braced && ps->p < ps->e && *ps->p == '}') {
+        ps->p++;
+        return P_OK;
+    }
+    if (!braced && ps->p >= ps->e) return P_OK; /* "{}" */
+    for (;;) {
+        if (ps->p >= ps->e || *ps->p != '"') return P_RAW;
+        jval key, val;
+        if (parse_string(ps, &key) != P_OK) return P_RAW;
+        skip_ws(ps);
+        if (ps->p >= ps->e || *ps->p != ':') return P_RAW;
+        ps->p++;
+        skip_ws(ps);
+        jval *slot = NULL;
+        int child_role = ROLE_NONE;
+        if (role != ROLE_NONE && key.escaped) return P_RAW; /* could spell a field we read */
+        Py_ssize_t klen = key.e - key.s;
+        if (role == ROLE_TOP) {
+            if (klen == 3 && memcmp(key.s, "cat", 3) == 0) slot = &ps->cat;
+            else if (klen == 4 && memcmp(key.s, "name", 4) == 0) slot = &ps->name;
+            else if (klen == 2 && memcmp(key.s, "ts", 2) == 0) slot = &ps->ts;
+            else if (klen == 3 && memcmp(key.s, "dur", 3) == 0) slot = &ps->dur;
+            else if (klen == 4 && memcmp(key.s, "args", 4) == 0) {
+                slot = &ps->args;
+                child_role = ROLE_ARGS;
+            }
+        } else if (role == ROLE_ARGS && klen == 11 && memcmp(key.s, "correlation", 11) == 0) {
+            slot = &ps->corr;
+        }
+        if (child_role == ROLE_ARGS) ps->corr.type = J_NONE; /* a later "args" replaces it */
+        if (parse_value(ps, &val, depth + 1, child_role) != P_OK) return P_RAW;
+        if (slot != NULL) *slot = val; /* the last of duplicate keys wins, as in orjson */
+        skip_ws(ps);
+        if (ps->p >= ps->e) return braced ? P_RAW : P_OK;
+        if (*ps->p == ',') {
+            ps->p++;
+            skip_ws(ps);
+            continue;
+        }
+        if (braced && *ps->p == '}') {
+            ps->p++;
+            return P_OK;
+        }
+        return P_RAW;
+    }
+}
+
+static int parse_value(parser *ps, jval *v, int depth, int role) {
+    if (depth > MAX_DEPTH || ps->p >= ps->e) return P_RAW;
+    const char *start = ps->p;
+    unsigned char c = (unsigned char)*ps->p;
+    v->escaped = 0;
+    if (c == '"') return parse_string(ps, v);
+    if (c == '-' || is_digit(c)) return parse_number(ps, v);
+    v->s = start;
+    if (c == '{') {
+        ps->p++;
+        if (parse_members(ps, depth, role == ROLE_ARGS ? ROLE_ARGS : ROLE_NONE, 1) != P_OK) return P_RAW;
+        v->type = J_OBJ;
+        v->e = ps->p;
+        return P_OK;
+    }
+    if (c == '[') {
+        ps->p++;
+        skip_ws(ps);
+        if (ps->p < ps->e && *ps->p == ']') {
+            ps->p++;
+        } else {
+            for (;;) {
+                jval item;
+                if (parse_value(ps, &item, depth + 1, ROLE_NONE) != P_OK) return P_RAW;
+                skip_ws(ps);
+                if (ps->p >= ps->e) return P_RAW;
+                if (*ps->p == ',') {
+                    ps->p++;
+                    skip_ws(ps);
+                    continue;
+                }
+                if (*ps->p == ']') {
+                    ps->p++;
+                    break;
+                }
+                return P_RAW;
+            }
+        }
+        v->type = J_OTHER;
+        v->e = ps->p;
+        return P_OK;
+    }
+    static const char *const LITERALS[] = {"true", "false", "null"};
+    for (int i = 0; i < 3; i++) {
+        size_t len = strlen(LITERALS[i]);
+        if ((size_t)(ps->e - ps->p) >= len && memcmp(ps->p, LITERALS[i], len) == 0) {
+            ps->p += len;
+            v->type = J_OTHER;
+            v->e = ps->p;
+            return P_OK;
+        }
+    }
+    return P_RAW;
+}
+
+/* a JSON number's value as Python's float(orjson value) */
+static int number_value(const jval *v, double *out) {
+    if (v->type == J_INT) {
+        const char *s = v->s;
+        int neg = *s == '-';
+        long long n = small_int((span){s + neg, v->e});
+        *out = (double)(neg ? -n : n); /* -0 is the int 0 in orjson, so 0.0 */
+        return 1;
+    }
+    if (v->type == J_FLOAT) return py_float((span){v->s, v->e}, out);
+    return 0;
+}
+
+/* The fields of one GPU event: (cat, ts, dur, name, corr, args JSON bytes or None), as
+ * ops.OpBuilder.gpu_event would take them from orjson's dict; Py_None when this parser cannot
+ * vouch for that (Python parses the piece); NULL on a Python error. */
+static PyObject *gpu_fields(const char *p, const char *e) {
+    parser ps;
+    memset(&ps, 0, sizeof(ps));
+    ps.p = p;
+    ps.e = e;
+    if (parse_members(&ps, 0, ROLE_TOP, 0) != P_OK) Py_RETURN_NONE;
+    if (ps.cat.type != J_STR || ps.cat.escaped) Py_RETURN_NONE;
+    PyObject *cat;
+    Py_ssize_t clen = ps.cat.e - ps.cat.s;
+    if (clen == 6 && memcmp(ps.cat.s, "kernel", 6) == 0) cat = CAT_KERNEL;
+    else if (clen == 10 && memcmp(ps.cat.s, "gpu_memcpy", 10) == 0) cat = CAT_MEMCPY;
+    else if (clen == 10 && memcmp(ps.cat.s, "gpu_memset", 10) == 0) cat = CAT_MEMSET;
+    else Py_RETURN_NONE;
+    double ts, dur = 0.0;
+    if (!number_value(&ps.ts, &ts)) Py_RETURN_NONE;
+    if (ps.dur.type != J_NONE && !number_value(&ps.dur, &dur)) Py_RETURN_NONE;
+    if (ps.name.type != J_NONE && (ps.name.type != J_STR || ps.name.escaped)) Py_RETURN_NONE;
+
+    PyObject *out = PyTuple_New(6), *item;
+    if (out == NULL) return NULL;
+    Py_INCREF(cat);
+    PyTuple_SET_ITEM(out, 0, cat);
+    if ((item = PyFloat_FromDouble(ts)) == NULL) goto fail;
+    PyTuple_SET_ITEM(out, 1, item);
+    if ((item = PyFloat_FromDouble(dur)) == NULL) goto fail;
+    PyTuple_SET_ITEM(out, 2, item);
+    if (ps.name.type == J_NONE) {
+        item = EMPTY;
+        Py_INCREF(item);
+    } else if ((item = PyUnicode_DecodeASCII(ps.name.s, ps.name.e - ps.name.s, NULL)) == NULL) {
+        goto fail;
+    }
+    PyTuple_SET_ITEM(out, 3, item);
+    item = Py_None;
+    if (ps.args.type == J_OBJ && ps.corr.type == J_INT) {
+        int neg = *ps.corr.s == '-';
+        long long n = small_int((span){ps.corr.s + neg, ps.corr.e});
+        /* a negative id is no id (ops.py); -0 is orjson's int 0 */
+        if ((!neg || n == 0) && (item = PyLong_FromLongLong(n)) == NULL) goto fail;
+    }
+    if (item == Py_None) Py_INCREF(item);
+    PyTuple_SET_ITEM(out, 4, item);
+    if (ps.args.type == J_OBJ) {
+        if ((item = PyBytes_FromStringAndSize(ps.args.s, ps.args.e - ps.args.s)) == NULL) goto fail;
+    } else {
+        item = Py_None;
+        Py_INCREF(item);
+    }
+    PyTuple_SET_ITEM(out, 5, item);
+    return out;
+fail:
+    Py_DECREF(out); /* a tuple's empty slots are NULL: safe to free half-built */
+    return NULL;
+}
+
+/* ---- the loop over one buffer ---- */
+
+/* the next `}\s*,\s*{` at or after p: its start in *sep, the position after its '{' returned */
+static const char *next_sep(const char *p, const char *e, const char **sep) {
+    while ((p = memchr(p, '}', (size_t)(e - p))) != NULL) {
+        const char *q = skip_re_space(p + 1, e);
+        if (q < e && *q == ',') {
+            q = skip_re_space(q + 1, e);
+            if (q < e && *q == '{') {
+                *sep = p;
+                return q + 1;
+            }
+        }
+        p++;
+    }
+    return NULL;
+}
+
+enum { H_DONE, H_FALLBACK, H_ERROR };
+
+static int set_launch(PyObject *launches, long long corr, double ts, long long tid) {
+    PyObject *key = PyLong_FromLongLong(corr);
+    PyObject *value = Py_BuildValue("(dL)", ts, tid);
+    int rc = (key == NULL || value == NULL) ? -1 : PyDict_SetItem(launches, key, value);
+    Py_XDECREF(key);
+    Py_XDECREF(value);
+    return rc;
+}
+
+/* one selected piece, as the body of reader.TraceReader._parse's loop */
+static int handle(const char *p, const char *e, PyObject *items, PyObject *raw, PyObject *launches) {
+    Py_ssize_t n = e - p;
+    if (FIND_WITHIN(p, n, "_runtime\"", 0, 96) || FIND_WITHIN(p, n, "_driver\"", 0, 96)) {
+        span tid, ts, corr;
+        if (launch_match(p, e, &tid, &ts, &corr)) {
+            long long t = small_int(tid), c = small_int(corr);
+            double f;
+            if (t < 0 || c < 0 || !py_float(ts, &f)) return H_FALLBACK; /* Python raises */
+            return set_launch(launches, c, f, t) < 0 ? H_ERROR : H_DONE;
+        }
+    } else if (FIND_WITHIN(p, n, "\"user_annotation\"", 5, 96)) {
+        if (FIND(p, e, "ProfilerStep#", 12) == NULL && !comm_mark(p, e)) return H_DONE;
+    }
+    PyObject *fields = gpu_fields(p, e);
+    if (fields == NULL) return H_ERROR;
+    if (fields == Py_None) {
+        /* Python parses this one: (position in items, the piece) */
+        PyObject *entry = Py_BuildValue("(ny#)", PyList_GET_SIZE(items), p, n);
+        int rc = entry == NULL ? -1 : PyList_Append(raw, entry);
+        Py_XDECREF(entry);
+        if (rc == 0) rc = PyList_Append(items, Py_None);
+        Py_DECREF(fields);
+        return rc < 0 ? H_ERROR : H_DONE;
+    }
+    int rc = PyList_Append(items, fields);
+    Py_DECREF(fields);
+    return rc < 0 ? H_ERROR : H_DONE;
+}
+
+PyDoc_STRVAR(scan_doc,
+"scan(buf, hold, launches) -> (consumed, pieces, items, raw) or None\n\n"
+"The events of buf (the traceEvents text after the opening '{'), all but the last `hold`\n"
+"pieces. Launch records go into `launches` (correlation -> (time, thread)); items holds, in\n"
+"reader order, a (cat, ts, dur, name, corr, args bytes | None) tuple per GPU event parsed here\n"
+"and None where raw has (index, piece) for Python to parse. None: run the Python loop.");
+
+static PyObject *scan(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t hold;
+    PyObject *launches;
+    if (!PyArg_ParseTuple(args, "y*nO!", &view, &hold, &PyDict_Type, &launches)) return NULL;
+    const char *b = view.buf, *e = b + view.len;
+    PyObject *result = NULL, *items = NULL, *raw = NULL;
+    Py_ssize_t cap = 4096, k = 0, nsteps = 0;
+    span *pieces = PyMem_Malloc((size_t)cap * sizeof(span));
+    Py_ssize_t *steps = NULL;
+    if (pieces == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const char *start = b, *sep, *next;
+    while ((next = next_sep(start, e, &sep)) != NULL) {
+        if (k == cap) {
+            cap *= 2;
+            span *grown = PyMem_Realloc(pieces, (size_t)cap * sizeof(span));
+            if (grown == NULL) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            pieces = grown;
+        }
+        pieces[k].s = start;
+        pieces[k].e = sep;
+        k++;
+        start = next;
+    }
+    Py_ssize_t limit = k - (hold < 0 ? 0 : hold);
+    if (limit < 0) limit = 0;
+    Py_ssize_t consumed = limit == 0 ? 0 : (limit < k ? pieces[limit].s : start) - b;
+    items = PyList_New(0);
+    raw = PyList_New(0);
+    steps = PyMem_Malloc((size_t)(limit + 1) * sizeof(Py_ssize_t));
+    if (items == NULL || raw == NULL || steps == NULL) {
+        if (steps == NULL) PyErr_NoMemory();
+        goto done;
+    }
+    int rc = H_DONE;
+    /* like reader.py, look for ProfilerStep pieces only where the buffer has one */
+    int any_step = FIND(b, e, "ProfilerStep#", 12) != NULL;
+    for (Py_ssize_t i = 0; i < limit && rc == H_DONE; i++) {
+        const char *ps = pieces[i].s, *pe = pieces[i].e;
+        if (wanted(ps, pe)) rc = handle(ps, pe, items, raw, launches);
+        else if (any_step && FIND(ps, pe, "ProfilerStep#", 12) != NULL) steps[nsteps++] = i;
+    }
+    /* ProfilerStep written as a cpu_op: reader.py appends these after the wanted ones */
+    for (Py_ssize_t j = 0; j < nsteps && rc == H_DONE; j++)
+        rc = handle(pieces[steps[j]].s, pieces[steps[j]].e, items, raw, launches);
+    if (rc == H_ERROR) goto done;
+    if (rc == H_FALLBACK) {
+        result = Py_None;
+        Py_INCREF(result);
+        goto done;
+    }
+    result = Py_BuildValue("(nnOO)", consumed, limit, items, raw);
+done:
+    PyMem_Free(pieces);
+    PyMem_Free(steps);
+    Py_XDECREF(items);
+    Py_XDECREF(raw);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_VARARGS, scan_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_scan",
+    "Native scanning loop of the trace reader (reader.py holds the Python reference).", -1,
+    methods,
+};
+
+PyMODINIT_FUNC PyInit__scan(void) {
+    CAT_KERNEL = PyUnicode_InternFromString("kernel");
+    CAT_MEMCPY = PyUnicode_InternFromString("gpu_memcpy");
+    CAT_MEMSET = PyUnicode_InternFromString("gpu_memset");
+    EMPTY = PyUnicode_InternFromString("");
+    if (CAT_KERNEL == NULL || CAT_MEMCPY == NULL || CAT_MEMSET == NULL || EMPTY == NULL) return NULL;
+    return PyModule_Create(&module);
+}
