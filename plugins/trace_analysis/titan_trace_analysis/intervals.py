@@ -16,12 +16,19 @@ def union(intervals: Iterable[Interval], gap: float = 0.0) -> list[list[float]]:
 def union_sorted(intervals: Iterable[Interval], gap: float = 0.0) -> list[list[float]]:
     """:func:`union` of intervals already sorted by start."""
     out: list[list[float]] = []
-    for a, b in intervals:
-        if out and a <= out[-1][1] + gap:
-            if b > out[-1][1]:
-                out[-1][1] = b
+    it = iter(intervals)
+    first = next(it, None)
+    if first is None:
+        return out
+    lo, hi = first  # the current run in locals: the hot loop of the map step
+    for a, b in it:
+        if a <= hi + gap:
+            if b > hi:
+                hi = b
         else:
-            out.append([a, b])
+            out.append([lo, hi])
+            lo, hi = a, b
+    out.append([lo, hi])
     return out
 
 

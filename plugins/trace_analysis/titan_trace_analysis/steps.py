@@ -29,12 +29,15 @@ def assign(
 ) -> list[list[Op]]:
     """The ops of each step (``steps`` sorted by start)."""
     starts = [s[1] for s in steps]
+    ends = [s[2] for s in steps]
     buckets: list[list[Op]] = [[] for _ in steps]
+    get = launches.get
     for op in ops:
-        launch = launches.get(op.corr) if op.corr is not None else None
-        t = launch[0] if launch else op.start
+        corr = op[4]  # op.corr (indexing is cheaper than the named field in this loop)
+        launch = get(corr) if corr is not None else None
+        t = launch[0] if launch else op[0]
         i = bisect_right(starts, t) - 1
-        if i >= 0 and t <= steps[i][2]:
+        if i >= 0 and t <= ends[i]:
             buckets[i].append(op)
     return buckets
 
@@ -64,9 +67,10 @@ def one_step(
     w0: float, w1: float, ops: list[Op], launches: dict[int, tuple[float, int]] | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Figures and timeline of one step whose device window is [w0, w1]."""
-    comp = iv.clip(iv.union((o.start, o.end) for o in ops if o.klass == COMPUTE), w0, w1)
-    comm = [o for o in ops if o.klass == COMM]
-    comm_u = iv.clip(iv.union((o.start, o.end) for o in comm), w0, w1)
+    compute = [o for o in ops if o[2] == COMPUTE]  # o.klass
+    comp = iv.clip(iv.union([o[:2] for o in compute]), w0, w1)
+    comm = [o for o in ops if o[2] == COMM]
+    comm_u = iv.clip(iv.union([o[:2] for o in comm]), w0, w1)
     by_kind: dict[str, float] = {}
     for o in comm:
         if not o.twin:
@@ -78,7 +82,7 @@ def one_step(
     stat: dict[str, Any] = {
         "win": [w0, w1],
         "window_us": w1 - w0,
-        "compute_us": sum(o.end - o.start for o in ops if o.klass == COMPUTE),
+        "compute_us": sum([o[1] - o[0] for o in compute]),
         "compute_busy_us": busy,
         "compute_idle_us": (w1 - w0) - busy,
         "comm_us": by_kind,
