@@ -22,7 +22,7 @@ import gen_traces
 import pytest
 from titan_trace_analysis import fastpath
 from titan_trace_analysis import summarize as summarize_module
-from titan_trace_analysis.ops import GPU_CATS
+from titan_trace_analysis.ops import GPU_CATS, OpBuilder
 from titan_trace_analysis.reader import TraceReader
 from titan_trace_analysis.summarize import Options, summarize
 
@@ -96,13 +96,17 @@ def _same(path: Path, block: int | None) -> tuple:
 
 # ---- randomised events ----
 
+# usual values, and values that stress the parsers (escapes, non-ASCII, non-strings, numbers
+# orjson and C could read differently): the odd ones now and then, so most events stay usual
 NAMES = ['"k"', '"void at::native::vectorized_elementwise_kernel<4, float>(int)"',
-         '"ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)"', '"k<{a}, {b}>"',
-         '"q\\"uote"', '"caf\xc3\xa9"', '"\\u00e9t\\u00e9"', '"\\ud83d\\ude00"', '""', "7", "null",
+         '"ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)"', '""',
          '"ncclKernel_AllReduce_RING_LL_Sum_float"', '"Memcpy DtoH (Device -> Pinned)"']  # fmt: skip
-NUMBERS = ["0", "5", "17", "-0", "-3", "1.5", "1696875284613337", "1696875284613337.25",
-           "1.5e3", "1E+2", "2.5e-7", "1e400", "123456789012345678901234", "0.1", "1e99",
-           "1e100", "12345678901234567", "-0.0", "01", "1.", '"12"', "true", "null", "[1]"]  # fmt: skip
+ODD_NAMES = ['"k<{a}, {b}>"', '"q\\"uote"', '"caf\xc3\xa9"', '"\\u00e9t\\u00e9"',
+             '"\\ud83d\\ude00"', "7", "null"]  # fmt: skip
+NUMBERS = ["0", "5", "17", "1.5", "1696875284613337", "1696875284613337.25", "1.5e3", "1E+2",
+           "2.5e-7", "0.1", "1e99", "12345678901234567", "-0", "-3", "-0.0"]  # fmt: skip
+ODD_NUMBERS = ["1e400", "123456789012345678901234", "1e100", "01", "1.", '"12"', "true",
+               "null", "[1]"]  # fmt: skip
 CORRS = ["12", "0", "-0", "-4", "4.0", '"9"', "123456789012345678", "1234567890123456789", "null"]
 CATS = ['"kernel"', '"gpu_memcpy"', '"gpu_memset"', '"cuda_runtime"', '"cuda_driver"',
         '"musa_runtime"', '"cpu_op"', '"user_annotation"', '"gpu_user_annotation"',
@@ -115,15 +119,17 @@ SPACES = ["", " ", "  ", "\n", "\t", "\r\n  "]
 def _obj(rng: random.Random, members: list[tuple[str, str]]) -> str:
     rng.shuffle(members)
     sp = lambda: rng.choice(SPACES)  # noqa: E731
-    body = ("," + sp()).join(f"{sp()}{json.dumps(k)}{sp()}:{sp()}{v}" for k, v in members)
+    key = lambda k: f'"{k}"' if "\\" in k else json.dumps(k)  # noqa: E731 (escapes as given)
+    body = ("," + sp()).join(f"{sp()}{key(k)}{sp()}:{sp()}{v}" for k, v in members)
     return "{" + body + sp() + "}"
 
 
 def _args(rng: random.Random) -> str:
-    members = [("External id", str(rng.randint(0, 999))), ("stream", "7"),
-               ("grid", "[1, 2, 3]"), ("notes", '"a}, {b"')]  # fmt: skip
+    members = [("External id", str(rng.randint(0, 999))), ("stream", "7"), ("grid", "[1, 2, 3]")]
+    if rng.random() < 0.01:  # cut in two by the reader: its buffer goes to the Python loop
+        members.append(("notes", '"a}, {b"'))
     if rng.random() < 0.85:
-        members.append(("correlation", rng.choice(CORRS)))
+        members.append(("correlation", rng.choice(CORRS) if rng.random() < 0.3 else "77"))
     if rng.random() < 0.1:
         members.append(("correlation", rng.choice(CORRS)))  # duplicate: the last wins
     if rng.random() < 0.1:
@@ -135,19 +141,20 @@ def _args(rng: random.Random) -> str:
     return _obj(rng, members)
 
 
+def _number(rng: random.Random, usual: str) -> str:
+    r = rng.random()
+    return rng.choice(ODD_NUMBERS) if r < 0.04 else rng.choice(NUMBERS) if r < 0.4 else usual
+
+
 def _gpu(rng: random.Random) -> str:
     members = [("ph", '"X"'), ("cat", rng.choice(CATS[:3] if rng.random() < 0.8 else CATS)),
                ("pid", "0"), ("tid", "7")]  # fmt: skip
-    if rng.random() < 0.95:
-        members.append(("name", rng.choice(NAMES)))
-    if rng.random() < 0.95:
-        members.append(
-            ("ts", rng.choice(NUMBERS) if rng.random() < 0.5 else str(rng.randint(0, 10**6)))
-        )
+    if rng.random() < 0.97:
+        members.append(("name", rng.choice(ODD_NAMES if rng.random() < 0.06 else NAMES)))
+    if rng.random() < 0.98:
+        members.append(("ts", _number(rng, str(rng.randint(0, 10**6)))))
     if rng.random() < 0.9:
-        members.append(
-            ("dur", rng.choice(NUMBERS) if rng.random() < 0.3 else str(rng.randint(0, 500)))
-        )
+        members.append(("dur", _number(rng, str(rng.randint(0, 500)))))
     r = rng.random()
     if r < 0.8:
         members.append(("args", _args(rng)))
@@ -164,14 +171,18 @@ def _launch(rng: random.Random, odd: bool = False) -> str:
     ts = rng.choice([str(rng.randint(0, 10**6)), "1.5e3", "1e999", "-7", "2.", "3E-2"])
     if odd and rng.random() < 0.02:
         ts = rng.choice(["1e", "1.2.3", "-", "1e5e"])  # float() raises on these: the file fails
-    corr = rng.choice(["12", "0", "1234567890123456789", str(rng.randint(0, 10**5))])
-    tid = rng.choice(["7", "12345678901234567890"])
+    corr = rng.choice(["12", "0", str(rng.randint(0, 10**5))])
+    corr = "1234567890123456789" if rng.random() < 0.01 else corr  # > 18 digits: Python reads
+    tid = "12345678901234567890" if rng.random() < 0.01 else rng.choice(["7", "8"])  # > int64
     cat = rng.choice(['"cuda_runtime"', '"cuda_driver"', '"musa_runtime"', '"musa_driver"'])
     args = f'{{"External id": 3, "cbid": 211, "correlation": {corr}}}'
     if rng.random() < 0.7:  # Kineto's layout: tid, ts, ..., args
         sp = rng.choice(SPACES)
-        return (f'{{"ph": "X", "cat": {cat}, "name": "cudaLaunchKernel", "pid": 0,{sp}"tid":{sp}'
-                f'{tid},{sp}"ts": {ts}, "dur": 4, "args": {args}}}')  # fmt: skip
+        pre = (
+            '"pre": {"tid": 3, "ts": 4, "x": {}}, ' if rng.random() < 0.1 else ""
+        )  # skipped by LAUNCH
+        return (f'{{"ph": "X", "cat": {cat}, "name": "cudaLaunchKernel", {pre}"pid": 0,{sp}"tid":'
+                f'{sp}{tid},{sp}"ts": {ts}, "dur": 4, "args": {args}}}')  # fmt: skip
     members = [("ph", '"X"'), ("cat", cat), ("name", '"cudaLaunchKernel"'), ("tid", tid),
                ("ts", ts), ("args", args)]  # fmt: skip
     return _obj(rng, members)
@@ -185,20 +196,23 @@ def _annotation(rng: random.Random) -> str:
 
 
 def _other(rng: random.Random) -> str:
-    return rng.choice([
+    valid = [
         '{"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 5, "dur": 1, "args": {}}',
-        '{"ph": "X", "cat": "kernel", "name": "bad", "ts": }',  # invalid: needs the Python loop
-        '{"ph": "X", "cat": "kernel", "name": "k", "ts": NaN, "dur": 1}',
         '{"ph": "X", "cat": "python_function", "name": "f", "ts": 1, "dur": 1}',
         '{"ph": "M", "name": "process_name", "args": {"name": "python"}}',
-        '{}',
+        "{}",
+    ]
+    invalid = [  # each sends its buffer to the Python loop (a retry with its neighbours)
+        '{"ph": "X", "cat": "kernel", "name": "bad", "ts": }',
+        '{"ph": "X", "cat": "kernel", "name": "k", "ts": NaN, "dur": 1}',
         '{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 1, "args": {}}}',
         '{"ph": "X", "cat": "kernel",\x0c"name": "k", "ts": 1, "dur": 1}',  # \f, \v: not JSON
         '{"ph": "X", "cat": "kernel", "name": "k", "ts":\x0b1, "dur": 1}',  # spacing
         '{"ph": "X", "cat": "kernel", "name": "k\x01", "ts": 1, "dur": 1}',
         '{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 1, "args": {"a": tru}}',
         '{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 1, "args": {"a": [1,]}}',
-    ])  # fmt: skip
+    ]
+    return rng.choice(invalid if rng.random() < 0.2 else valid)
 
 
 def _trace_text(rng: random.Random, n: int, odd: bool = False) -> str:
@@ -237,6 +251,8 @@ def test_randomised_traces_read_the_same(tmp_path: Path, seed: int):
     for block in (97, 512, 4096, None):
         items, launches, n_events, *_ = _same(whole, block)
         assert n_events > 500 and items and launches  # the loops read something
+    native = [ev for b in TraceReader(str(whole), native=True, block=97).records() for ev in b]
+    assert sum(type(ev) is tuple for ev in native) > len(native) // 3  # the C path did read
     odd = _write(tmp_path / "odd.json", _trace_text(rng, 600, odd=True).encode(), gz=False)
     _same(odd, 301)  # a launch time float() rejects: both raise, or both read
     cut = _write(
@@ -335,3 +351,33 @@ def test_hta_real_traces_summarise_the_same():
     for f in files:
         _summaries_agree(str(f))
     assert os.path.getsize(max(files, key=os.path.getsize)) > 1 << 20  # past a read or two
+
+
+def _built(path: Path, take: Any, block: int) -> tuple:
+    """Everything OpBuilder keeps after taking every batch of ``path``."""
+    b = OpBuilder(take)
+    rest = []
+    for batch in TraceReader(str(path), native=True, block=block).records():
+        rest += b.batch(batch)
+    state = (b.gpu, sorted(b.names.items()), sorted(b._klass.items()), b.raw_comm, b.bad_times)
+    return repr(state), json.dumps(rest, sort_keys=True)
+
+
+@needs_native
+def test_the_native_builder_loop_builds_what_the_python_loop_builds(tmp_path: Path):
+    """``_scan.take`` (OpBuilder.batch in C): the same Ops (repr: bit for bit), names totals,
+    kernel classes, communication args, bad-time count and leftover events, in the same order."""
+    take = fastpath.native_take()
+    files = []
+    for seed in range(4):
+        text = _trace_text(random.Random(50 + seed), 800).encode()
+        files.append(_write(tmp_path / f"r{seed}.json", text, gz=False))
+    out = tmp_path / "g"
+    gen_traces.generate(["--out", str(out), "--ranks", "4", "--pp", "2", "--layers", "2",
+                         "--steps", "2"])  # fmt: skip
+    files += sorted(out.glob("*.json*"))[:2]
+    files += [p for p in HTA.rglob("*.json*") if "critical_path" in str(p)][:1]
+    for f in files:
+        python, native = _built(f, None, 700), _built(f, take, 700)
+        assert native == python, f
+        assert "Op(start=" in python[0]  # something was built

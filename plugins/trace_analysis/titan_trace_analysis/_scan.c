@@ -19,7 +19,7 @@
 #include <Python.h>
 #include <string.h>
 
-static PyObject *CAT_KERNEL, *CAT_MEMCPY, *CAT_MEMSET, *EMPTY;
+static PyObject *CAT_KERNEL, *CAT_MEMCPY, *CAT_MEMSET, *EMPTY, *CAT_KEY;
 
 #define MAX_DEPTH 64
 #define MAX_INT_DIGITS 18 /* fits int64: no rounding question, orjson gives an int */
@@ -598,14 +598,152 @@ done:
     return result;
 }
 
+
+/* ---- the GPU events of one batch into the op builder (ops.OpBuilder.batch, in C) ---- */
+
+PyDoc_STRVAR(take_doc,
+"take(items, gpu, names, klass, raw_comm, gpu_event, classify, loads, Op, gpu_cats, consts)\n"
+"-> (other events, events with bad times)\n\n"
+"ops.OpBuilder.batch's loop: scanner tuples become Ops in `gpu` (names / klass / raw_comm\n"
+"updated as there), dicts of a GPU category go to gpu_event(ev, cat), the rest is returned.\n"
+"consts: (MAX_TS, MAX_DUR, COMPUTE, MEMORY, COMM, nan).");
+
+static PyObject *take(PyObject *self, PyObject *args) {
+    PyObject *items, *gpu, *names, *klass, *raw_comm, *gpu_event, *classify, *loads, *gpu_cats;
+    PyTypeObject *op_type;
+    double max_ts, max_dur;
+    PyObject *compute, *memory, *comm, *nan;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!OOOO!O!(ddOOOO)", &PyList_Type, &items, &PyList_Type,
+                          &gpu, &PyDict_Type, &names, &PyDict_Type, &klass, &PyList_Type,
+                          &raw_comm, &gpu_event, &classify, &loads, &PyType_Type, &op_type,
+                          &PyTuple_Type, &gpu_cats, &max_ts, &max_dur, &compute, &memory, &comm,
+                          &nan))
+        return NULL;
+    if (!PyType_IsSubtype(op_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "Op must be a tuple type");
+        return NULL;
+    }
+    PyObject *rest = PyList_New(0), *one = PyFloat_FromDouble(1.0), *minus_one = PyLong_FromLong(-1);
+    Py_ssize_t bad = 0;
+    if (rest == NULL || one == NULL || minus_one == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
+        PyObject *ev = PyList_GET_ITEM(items, i);
+        if (!PyTuple_CheckExact(ev) || PyTuple_GET_SIZE(ev) != 6) {
+            /* a parsed dict: cat = ev.get("cat"); a GPU category goes to gpu_event */
+            PyObject *cat = PyDict_Check(ev) ? PyDict_GetItemWithError(ev, CAT_KEY) : NULL;
+            if (cat == NULL && PyErr_Occurred()) goto fail;
+            int gpu_cat = cat == NULL ? 0 : PySequence_Contains(gpu_cats, cat);
+            if (gpu_cat < 0) goto fail;
+            if (gpu_cat) {
+                PyObject *r = PyObject_CallFunctionObjArgs(gpu_event, ev, cat, NULL);
+                if (r == NULL) goto fail;
+                Py_DECREF(r);
+            } else if (PyList_Append(rest, ev) < 0) {
+                goto fail;
+            }
+            continue;
+        }
+        PyObject *cat = PyTuple_GET_ITEM(ev, 0), *tsf = PyTuple_GET_ITEM(ev, 1);
+        PyObject *name = PyTuple_GET_ITEM(ev, 3), *corr = PyTuple_GET_ITEM(ev, 4);
+        PyObject *raw_args = PyTuple_GET_ITEM(ev, 5);
+        double ts = PyFloat_AsDouble(tsf), dur = PyFloat_AsDouble(PyTuple_GET_ITEM(ev, 2));
+        if (PyErr_Occurred()) goto fail;
+        if (!(-max_ts <= ts && ts <= max_ts && 0.0 <= dur && dur <= max_dur)) {
+            bad++; /* NaN fails both too */
+            continue;
+        }
+        double end = ts + dur;
+        PyObject *k; /* borrowed */
+        int is_kernel = cat == CAT_KERNEL || PyUnicode_CompareWithASCIIString(cat, "kernel") == 0;
+        if (is_kernel) {
+            k = PyDict_GetItemWithError(klass, name);
+            if (k == NULL) {
+                if (PyErr_Occurred()) goto fail;
+                PyObject *got = PyObject_CallFunctionObjArgs(classify, name, cat, NULL);
+                if (got == NULL) goto fail;
+                int rc = PyDict_SetItem(klass, name, got);
+                Py_DECREF(got);
+                if (rc < 0) goto fail;
+                k = PyDict_GetItemWithError(klass, name);
+                if (k == NULL) goto fail;
+            }
+        } else {
+            k = memory;
+        }
+        int is_compute = PyObject_RichCompareBool(k, compute, Py_EQ);
+        if (is_compute < 0) goto fail;
+        if (is_compute) {
+            PyObject *acc = PyDict_GetItemWithError(names, name);
+            if (acc == NULL) {
+                if (PyErr_Occurred()) goto fail;
+                PyObject *fresh = Py_BuildValue("[dd]", 1.0, end - ts);
+                int rc = fresh == NULL ? -1 : PyDict_SetItem(names, name, fresh);
+                Py_XDECREF(fresh);
+                if (rc < 0) goto fail;
+            } else {
+                /* acc[0] += 1.0; acc[1] += end - ts, as Python adds them */
+                PyObject *len = PyFloat_FromDouble(end - ts);
+                PyObject *a0 = len == NULL ? NULL : PyNumber_Add(PyList_GET_ITEM(acc, 0), one);
+                PyObject *a1 = a0 == NULL ? NULL : PyNumber_Add(PyList_GET_ITEM(acc, 1), len);
+                Py_XDECREF(len);
+                if (a1 == NULL) {
+                    Py_XDECREF(a0);
+                    goto fail;
+                }
+                PyList_SetItem(acc, 0, a0); /* steals */
+                PyList_SetItem(acc, 1, a1);
+            }
+        } else {
+            int is_comm = PyObject_RichCompareBool(k, comm, Py_EQ);
+            if (is_comm < 0) goto fail;
+            if (is_comm) {
+                PyObject *parsed = raw_args == Py_None ? PyDict_New()
+                                                       : PyObject_CallOneArg(loads, raw_args);
+                PyObject *entry = parsed == NULL ? NULL
+                                  : Py_BuildValue("(nOO)", PyList_GET_SIZE(gpu), name, parsed);
+                Py_XDECREF(parsed);
+                int rc = entry == NULL ? -1 : PyList_Append(raw_comm, entry);
+                Py_XDECREF(entry);
+                if (rc < 0) goto fail;
+            }
+        }
+        /* Op(ts, end, k, "", corr, "", -1, False, nan), allocated as tuple.__new__ does */
+        PyObject *endf = PyFloat_FromDouble(end);
+        PyObject *op = endf == NULL ? NULL : op_type->tp_alloc(op_type, 9);
+        if (op == NULL) {
+            Py_XDECREF(endf);
+            goto fail;
+        }
+        PyObject *fields[9] = {tsf, endf, k, EMPTY, corr, EMPTY, minus_one, Py_False, nan};
+        for (int f = 0; f < 9; f++) {
+            if (f != 1) Py_INCREF(fields[f]); /* endf's reference moves into the Op */
+            PyTuple_SET_ITEM(op, f, fields[f]);
+        }
+        int rc = PyList_Append(gpu, op);
+        Py_DECREF(op);
+        if (rc < 0) goto fail;
+    }
+    Py_DECREF(one);
+    Py_DECREF(minus_one);
+    PyObject *out = Py_BuildValue("(Nn)", rest, bad);
+    return out;
+fail:
+    Py_XDECREF(rest);
+    Py_XDECREF(one);
+    Py_XDECREF(minus_one);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, scan_doc},
+    {"take", take, METH_VARARGS, take_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_scan",
-    "Native scanning loop of the trace reader (reader.py holds the Python reference).", -1,
+    "Native loops of the trace reader and op builder (reader.py, ops.py hold the Python reference).",
+    -1,
     methods,
 };
 
@@ -614,6 +752,9 @@ PyMODINIT_FUNC PyInit__scan(void) {
     CAT_MEMCPY = PyUnicode_InternFromString("gpu_memcpy");
     CAT_MEMSET = PyUnicode_InternFromString("gpu_memset");
     EMPTY = PyUnicode_InternFromString("");
-    if (CAT_KERNEL == NULL || CAT_MEMCPY == NULL || CAT_MEMSET == NULL || EMPTY == NULL) return NULL;
+    CAT_KEY = PyUnicode_InternFromString("cat");
+    if (CAT_KERNEL == NULL || CAT_MEMCPY == NULL || CAT_MEMSET == NULL || EMPTY == NULL ||
+        CAT_KEY == NULL)
+        return NULL;
     return PyModule_Create(&module);
 }

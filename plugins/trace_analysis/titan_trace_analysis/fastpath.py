@@ -66,6 +66,11 @@ def native_scan(pure: bool = False) -> Callable | None:
     return None if pure or _scan is None else _scan.scan
 
 
+def native_take(pure: bool = False) -> Callable | None:
+    """The native op builder loop (``OpBuilder.batch`` in C) when built and not ``pure``."""
+    return None if pure or _scan is None else _scan.take
+
+
 def reader_name(pure: bool = False) -> str:
     """What reads traces here, e.g. ``native+orjson+isal`` (``titan-trace --version``)."""
     name = codec(pure).name

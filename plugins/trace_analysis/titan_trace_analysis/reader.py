@@ -78,6 +78,7 @@ class TraceReader:
         if native and scan is None:
             raise TraceError("the native scanner is not built (reinstall with a C compiler)")
         self._scan = scan if native is not False and not cpu_ops else None
+        self.native = self._scan is not None  # records() may yield Kernel tuples
         self.header: dict[str, Any] = {}
         self.n_events = 0  # pieces seen: an unparsed event with "}, {" inside counts twice
         self.bad_events = 0

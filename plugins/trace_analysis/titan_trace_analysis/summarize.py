@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .cpu_trace import cpu_ops
-from .fastpath import dumps
+from .fastpath import dumps, native_take
 from .header import Identity, identity
 from .ops import Labeller, OpBuilder, label_gpu, times
 from .reader import TraceError, TraceReader
@@ -64,7 +64,7 @@ def summarize(
 
 def _read(path: str, opts: Options) -> tuple[TraceReader, OpBuilder, list[Step], set[int]]:
     reader = TraceReader(path, pure=opts.pure)
-    b = OpBuilder()
+    b = OpBuilder(native_take(opts.pure) if reader.native else None)
     steps: dict[int, Step] = {}
     threads: set[int] = set()
     for ev in (ev for batch in reader.records() for ev in b.batch(batch)):  # GPU events taken
