@@ -35,7 +35,16 @@ def test_union_matches_the_model(seed: int):
         want = _reference_union(pairs, gap)
         assert iv.union(pairs, gap) == want
         assert iv.union_sorted(iter(sorted(pairs)), gap) == want  # generators too
+        assert iv.union_sorted_py(iter(sorted(pairs)), gap) == want  # the loop without C
+        ints = [(int(a), int(b) + 1) for a, b in sorted(pairs)]  # not floats: the Python loop
+        assert iv.union_sorted(ints, gap) == _reference_union(ints, gap)
         assert iv.length(want) == sum(b - a for a, b in want)
+
+
+def test_the_c_union_is_used_where_built():
+    from titan_trace_analysis import fastpath
+
+    assert (iv._native is not None) == (fastpath.native_scan() is not None)
 
 
 def test_union_of_nothing_and_of_one():

@@ -41,7 +41,9 @@ static const char *find(const char *p, const char *e, const char *lit, Py_ssize_
     if (e - p < len) return NULL;
     const char *q = p + k;
     while (q < e - (len - 1 - k) && (q = memchr(q, lit[k], (size_t)(e - (len - 1 - k) - q))) != NULL) {
-        if (memcmp(q - k, lit, (size_t)len) == 0) return q - k;
+        /* the first and last bytes first: most hits of a common byte fail there */
+        if (q[-k] == lit[0] && q[len - 1 - k] == lit[len - 1] && memcmp(q - k, lit, (size_t)len) == 0)
+            return q - k;
         q++;
     }
     return NULL;
@@ -209,6 +211,13 @@ static inline int hexval(unsigned char c) {
     return -1;
 }
 
+/* bytes a string holds as they are: not '"', '\\', a control byte or non-ASCII */
+static unsigned char PLAIN[256];
+
+static void init_plain(void) {
+    for (int c = 0x20; c < 0x80; c++) PLAIN[c] = c != '"' && c != '\\';
+}
+
 /* at the opening quote */
 static int parse_string(parser *ps, jval *v) {
     const char *p = ps->p + 1, *e = ps->e;
@@ -216,6 +225,7 @@ static int parse_string(parser *ps, jval *v) {
     v->escaped = 0;
     v->s = p;
     for (;;) {
+        while (p < e && PLAIN[(unsigned char)*p]) p++; /* the common bytes, one test each */
         if (p >= e) return P_RAW;
         unsigned char c = (unsigned char)*p;
         if (c == '"') break;
@@ -734,7 +744,76 @@ fail:
     return NULL;
 }
 
+/* ---- interval union (intervals.union_sorted, in C) ---- */
+
+PyDoc_STRVAR(union_doc,
+"union_sorted(pairs: list, gap: float) -> list[list[float]] or None\n\n"
+"intervals.union_sorted for a list of (start, end) pairs of floats sorted by start; None when\n"
+"an item is not a pair of floats (the Python loop then runs).");
+
+static PyObject *union_sorted(PyObject *self, PyObject *args) {
+    PyObject *pairs;
+    double gap;
+    if (!PyArg_ParseTuple(args, "O!d", &PyList_Type, &pairs, &gap)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(pairs);
+    /* every item a 2-tuple or 2-list of exact floats, or the Python loop decides */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *it = PyList_GET_ITEM(pairs, i);
+        PyObject *a, *b;
+        if (PyTuple_CheckExact(it) && PyTuple_GET_SIZE(it) == 2) {
+            a = PyTuple_GET_ITEM(it, 0);
+            b = PyTuple_GET_ITEM(it, 1);
+        } else if (PyList_CheckExact(it) && PyList_GET_SIZE(it) == 2) {
+            a = PyList_GET_ITEM(it, 0);
+            b = PyList_GET_ITEM(it, 1);
+        } else {
+            Py_RETURN_NONE;
+        }
+        if (!PyFloat_CheckExact(a) || !PyFloat_CheckExact(b)) Py_RETURN_NONE;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL || n == 0) return out;
+    PyObject *lo = NULL, *hi = NULL; /* borrowed: the current run, as the Python loop keeps */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *it = PyList_GET_ITEM(pairs, i);
+        PyObject **ab = PyTuple_CheckExact(it) ? &PyTuple_GET_ITEM(it, 0) : &PyList_GET_ITEM(it, 0);
+        PyObject *a = ab[0], *b = ab[1];
+        if (lo == NULL) {
+            lo = a;
+            hi = b;
+        } else if (PyFloat_AS_DOUBLE(a) <= PyFloat_AS_DOUBLE(hi) + gap) {
+            if (PyFloat_AS_DOUBLE(b) > PyFloat_AS_DOUBLE(hi)) hi = b;
+        } else {
+            PyObject *run = PyList_New(2);
+            if (run == NULL) goto fail;
+            Py_INCREF(lo);
+            Py_INCREF(hi);
+            PyList_SET_ITEM(run, 0, lo);
+            PyList_SET_ITEM(run, 1, hi);
+            int rc = PyList_Append(out, run);
+            Py_DECREF(run);
+            if (rc < 0) goto fail;
+            lo = a;
+            hi = b;
+        }
+    }
+    PyObject *run = PyList_New(2);
+    if (run == NULL) goto fail;
+    Py_INCREF(lo);
+    Py_INCREF(hi);
+    PyList_SET_ITEM(run, 0, lo);
+    PyList_SET_ITEM(run, 1, hi);
+    int rc = PyList_Append(out, run);
+    Py_DECREF(run);
+    if (rc < 0) goto fail;
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"union_sorted", union_sorted, METH_VARARGS, union_doc},
     {"scan", scan, METH_VARARGS, scan_doc},
     {"take", take, METH_VARARGS, take_doc},
     {NULL, NULL, 0, NULL},
@@ -753,6 +832,7 @@ PyMODINIT_FUNC PyInit__scan(void) {
     CAT_MEMSET = PyUnicode_InternFromString("gpu_memset");
     EMPTY = PyUnicode_InternFromString("");
     CAT_KEY = PyUnicode_InternFromString("cat");
+    init_plain();
     if (CAT_KERNEL == NULL || CAT_MEMCPY == NULL || CAT_MEMSET == NULL || EMPTY == NULL ||
         CAT_KEY == NULL)
         return NULL;

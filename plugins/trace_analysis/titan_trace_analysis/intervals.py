@@ -7,6 +7,11 @@ from collections.abc import Iterable
 
 Interval = tuple[float, float]
 
+try:  # the same loop in C where the native extension is built (tested equal)
+    from titan_trace_analysis._scan import union_sorted as _native
+except ImportError:  # pragma: no cover - built without a C compiler
+    _native = None
+
 
 def union(intervals: Iterable[Interval], gap: float = 0.0) -> list[list[float]]:
     """Merge intervals; neighbours closer than ``gap`` are joined into one."""
@@ -15,6 +20,18 @@ def union(intervals: Iterable[Interval], gap: float = 0.0) -> list[list[float]]:
 
 def union_sorted(intervals: Iterable[Interval], gap: float = 0.0) -> list[list[float]]:
     """:func:`union` of intervals already sorted by start."""
+    if _native is not None:
+        pairs = intervals if type(intervals) is list else list(intervals)
+        got = _native(pairs, gap)
+        if got is not None:
+            return got
+        intervals = pairs  # not all pairs of floats: the Python loop decides
+    return union_sorted_py(intervals, gap)
+
+
+def union_sorted_py(intervals: Iterable[Interval], gap: float = 0.0) -> list[list[float]]:
+    """:func:`union_sorted`'s Python loop (where the extension is not built, or for pairs that
+    are not all floats)."""
     out: list[list[float]] = []
     it = iter(intervals)
     first = next(it, None)
