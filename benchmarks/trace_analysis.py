@@ -231,6 +231,8 @@ def main() -> None:
     workdir = Path(a.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     print(loadguard.describe(a))
+    version = [sys.executable, "-m", "titan_trace_analysis.cli", "--version"]
+    print(subprocess.run(version, capture_output=True, text=True).stdout.strip())  # the reader
     if not hta_py:
         print("HTA rows skipped: no --hta-python (see this script's docstring to install it)")
     rows = []
