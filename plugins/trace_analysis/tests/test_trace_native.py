@@ -14,6 +14,8 @@ import json
 import os
 import random
 import shutil
+import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 from typing import Any
@@ -381,3 +383,29 @@ def test_the_native_builder_loop_builds_what_the_python_loop_builds(tmp_path: Pa
         python, native = _built(f, None, 700), _built(f, take, 700)
         assert native == python, f
         assert "Op(start=" in python[0]  # something was built
+
+
+WITHOUT_EXTENSION = """
+import json, sys
+sys.modules["titan_trace_analysis._scan"] = None  # import -> ImportError: built without a compiler
+from titan_trace_analysis import fastpath, intervals
+from titan_trace_analysis.summarize import summarize
+assert fastpath.native_scan() is None and intervals._native is None, fastpath.reader_name()
+print(json.dumps({"reader": fastpath.reader_name(), "summary": summarize(sys.argv[1])}))
+"""
+
+
+@needs_native
+def test_an_install_without_the_extension_reads_the_same(tmp_path: Path):
+    out = tmp_path / "t"
+    gen_traces.generate(["--out", str(out), "--ranks", "4", "--pp", "2", "--layers", "2",
+                         "--steps", "2", "--slow-ranks", "1"])  # fmt: skip
+    path = str(sorted(out.glob("*.json*"))[1])
+    done = subprocess.run([sys.executable, "-c", WITHOUT_EXTENSION, path], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout)
+    assert got["reader"] == fastpath.codec().name  # no "native+"
+    native = summarize(path)
+    assert native["status"] == "ok" and native["steps"]
+    assert got["summary"] == json.loads(json.dumps(native))
