@@ -38,6 +38,7 @@ class FakeEngine:
         self.reads = 0
         self.registered: dict[int, int] = {}
         self.reads_pending = False  # status() reports every read as still landing
+        self.polls: list[float] = []  # when status() was asked (perf_counter)
 
     def register(self, buf: torch.Tensor) -> torch.Tensor:
         self.registered[buf.data_ptr()] = buf.numel()
@@ -52,6 +53,7 @@ class FakeEngine:
         return [next(self._ids)]
 
     def status(self, ids: list) -> int:
+        self.polls.append(time.perf_counter())
         if self.reads_pending:
             return 0
         ids.clear()
@@ -120,7 +122,8 @@ def test_send_is_announced_only_once_its_device_bytes_exist(direct: bool, events
     assert not recv.done and eb.reads == 0, "read before the producing kernels finished"
     ready(events)
     a.progress()  # announces now
-    b.progress()  # reads, copies out, frees the sender
+    b.progress()  # starts the read (polled only once it may be done: wait)
+    recv.wait()  # copies out, frees the sender
     a.progress()
     assert recv.done and send.done and y.equal(x)
 
@@ -132,7 +135,7 @@ def test_ring_landing_slot_stays_busy_until_the_copy_out_ran(events: list) -> No
     a.progress()
     y = torch.empty_like(big())
     recv = b.irecv(y, 0, BWD)
-    b.progress()
+    recv.wait()
     assert recv.done and y.equal(big())
     link = b.links[0]
     pool = next(p for (role, _, _), p in link.pools.items() if role == "recv")
@@ -154,7 +157,7 @@ def test_direct_read_waits_for_queued_users_of_the_receive_memory(events: list) 
     b.progress()
     assert not recv.done and eb.reads == 0
     events[-1].ready = True
-    b.progress()
+    recv.wait()
     assert recv.done and y.equal(big(2.0))
 
 
@@ -168,9 +171,10 @@ def test_small_cpu_tensors_travel_inline_and_large_ones_by_read(direct: bool) ->
     small.zero_()  # the caller may reuse it at once
     got = [torch.empty(100), torch.empty_like(large)]
     recvs = [b.irecv(got[0], 0, FWD), b.irecv(got[1], 0, FWD)]
-    for _ in range(3):
-        b.progress()
-        a.progress()
+    for recv in recvs:  # (a read is polled once it may be done, not in a fixed number of rounds)
+        recv.wait()
+    sends[1].wait()
+    b.progress()  # takes the sender's U record (direct: the region is retired)
     assert all(r.done for r in recvs) and sends[1].done
     assert got[0].equal(torch.arange(100.0)) and got[1].equal(large)
     assert (ea.reads, eb.reads) == (0, 1)
@@ -185,6 +189,25 @@ def test_small_cpu_tensors_travel_inline_and_large_ones_by_read(direct: bool) ->
     assert not b.links[0].regions if direct else b.links[0].regions
 
 
+def test_a_read_is_first_polled_near_its_predicted_end_not_when_submitted() -> None:
+    """Polling a read that was just submitted only takes the core its transfer needs: the first
+    poll waits for ``op.due`` (most of the read's predicted time)."""
+    a, b, _, eb = pair(direct=True)
+    b.seconds_per_byte = 1 / 0.2e9  # a slow link: the ~64 KiB read is predicted at ~0.36 ms
+    x = big(5.0)
+    a.isend(x, 1, FWD)
+    y = torch.empty_like(x)
+    recv = b.irecv(y, 0, FWD)  # the announce is already there: the read starts in this post
+    assert eb.reads == 1 and recv.batch_id is not None
+    assert eb.polls == [], "the read was polled in the round that submitted it"
+    due = recv.due
+    assert due > recv.read_at
+    recv.wait()
+    assert recv.done and y.equal(x)
+    assert eb.polls and eb.polls[0] >= due
+    assert len(eb.polls) == 1  # the fake read is done by then: one poll in all
+
+
 @pytest.mark.parametrize("direct", [True, False])
 def test_closing_unregisters_every_buffer_it_registered(direct: bool) -> None:
     """The engine is process-wide: a closed session's memory must leave its registry, else the
@@ -192,10 +215,9 @@ def test_closing_unregisters_every_buffer_it_registered(direct: bool) -> None:
     a, b, ea, eb = pair(direct)
     y = torch.empty_like(big())
     recv = b.irecv(y, 0, FWD)
-    a.isend(big(1.0), 1, FWD)
-    for _ in range(3):
-        b.progress()
-        a.progress()
+    send = a.isend(big(1.0), 1, FWD)
+    recv.wait()
+    send.wait()
     assert recv.done and y.equal(big(1.0))
     a.isend(big(2.0), 1, BWD)  # announced, never received: still registered at close
     assert ea.registered and (direct or eb.registered)  # ring: both sides hold pool slots

@@ -146,8 +146,15 @@ class ProtocolMixin:
                 self._finish(link, op, read_done=False)
                 return
             self._start_read(link, op, where)
-        status = self.engine.status(op.batch_id)
         now = time.perf_counter()
+        if now < op.due:
+            # Not worth asking yet: every poll costs the core the transfer needs (on 2 shared
+            # cores, Mooncake's own threads). Rounds run for other reasons too (a post, another
+            # record, the wait that follows the post): without this check the round that
+            # submitted a read polled it at once and replaced its due time (75% of the
+            # predicted duration) with one 20 us away, so a 256 KiB read was polled ~4 times.
+            return
+        status = self.engine.status(op.batch_id)
         if status == 0:
             op.polled_at = now
             op.due = now + min(max(MIN_POLL_S, 0.02 * op.predicted), MAX_POLL_S)
