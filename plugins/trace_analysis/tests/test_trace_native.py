@@ -10,6 +10,7 @@ summary by summary on generated multi-rank sets and HTA's real traces.
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
 import random
@@ -409,3 +410,39 @@ def test_an_install_without_the_extension_reads_the_same(tmp_path: Path):
     native = summarize(path)
     assert native["status"] == "ok" and native["steps"]
     assert got["summary"] == json.loads(json.dumps(native))
+
+
+@needs_native
+def test_the_scalar_build_scans_as_the_simd_build(tmp_path: Path):
+    """The portable code path (CPUs without SSE2, e.g. aarch64) compiled here with
+    -DTITAN_SCAN_SCALAR gives what the installed (SSE2) build gives, buffer by buffer."""
+    from titan_trace_analysis import _scan
+
+    if not _can_build():
+        pytest.skip("no C compiler here")
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    so = tmp_path / ("_scan" + sysconfig.get_config_var("EXT_SUFFIX"))
+    src = Path(_scan.__file__).with_name("_scan.c")
+    include = sysconfig.get_paths()["include"]
+    cmd = [
+        cc,
+        "-O2",
+        "-DTITAN_SCAN_SCALAR",
+        "-shared",
+        "-fPIC",
+        f"-I{include}",
+        str(src),
+        "-o",
+        str(so),
+    ]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    spec = importlib.util.spec_from_file_location("_scan", so)
+    scalar = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scalar)  # type: ignore[union-attr]
+    for seed in range(6):
+        text = _trace_text(random.Random(300 + seed), 400).encode()
+        body = text[text.index(b"[") + 2 :]
+        for cut in range(0, len(body), 997):
+            buf = body[cut : cut + 4000]
+            a, b = {}, {}
+            assert scalar.scan(buf, 4, a) == _scan.scan(buf, 4, b) and a == b
