@@ -446,3 +446,28 @@ def test_the_scalar_build_scans_as_the_simd_build(tmp_path: Path):
             buf = body[cut : cut + 4000]
             a, b = {}, {}
             assert scalar.scan(buf, 4, a) == _scan.scan(buf, 4, b) and a == b
+
+
+@needs_native
+def test_the_c_step_assignment_equals_the_python_loop():
+    """``_scan.assign`` (steps.assign): the same ops in the same buckets, boundaries included."""
+    from titan_trace_analysis import steps
+    from titan_trace_analysis.ops import Op
+
+    assert steps._native is not None
+    rng = random.Random(7)
+    step_list = [(n, 100.0 * n, 100.0 * n + 90.0) for n in range(1, 6)]
+    starts, ends = [s[1] for s in step_list], [s[2] for s in step_list]
+    launches = {}
+    ops = []
+    for i in range(3000):
+        start = rng.choice([rng.uniform(0, 700), 100.0, 190.0, 200.0, 590.0, 50.0, 650.0])
+        corr = rng.choice([None, i, i, -1])
+        if corr is not None and rng.random() < 0.8:
+            launches[corr] = (rng.choice([start - 3.0, 290.0, 300.0, 95.0, 1e9]), 7)
+        ops.append(Op(start, start + 2.0, 1, "", corr, "", -1))
+    got = steps.assign(step_list, ops, launches)
+    assert got == steps.assign_py(starts, ends, ops, launches)
+    assert sum(map(len, got)) > 1000 and all(got)
+    ints = [o._replace(start=int(o.start)) for o in ops]  # not floats: the Python loop decides
+    assert steps.assign(step_list, ints, {}) == steps.assign_py(starts, ends, ints, {})

@@ -871,7 +871,79 @@ fail:
     return NULL;
 }
 
+/* ---- ops to steps (steps.assign, in C) ---- */
+
+PyDoc_STRVAR(assign_doc,
+"assign(starts, ends, ops, launches) -> list[list[Op]] or None\n\n"
+"steps.assign: each op to the step during which its launch (else its own start) falls; None\n"
+"when a time is not a float or a launch not a tuple (the Python loop then runs).");
+
+static PyObject *assign(PyObject *self, PyObject *args) {
+    PyObject *starts, *ends, *ops, *launches;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!", &PyList_Type, &starts, &PyList_Type, &ends,
+                          &PyList_Type, &ops, &PyDict_Type, &launches))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(starts);
+    if (PyList_GET_SIZE(ends) != n) Py_RETURN_NONE;
+    double *lo = PyMem_Malloc((size_t)(n + 1) * 2 * sizeof(double));
+    if (lo == NULL) return PyErr_NoMemory();
+    double *hi = lo + n + 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = PyList_GET_ITEM(starts, i), *b = PyList_GET_ITEM(ends, i);
+        if (!PyFloat_CheckExact(a) || !PyFloat_CheckExact(b)) {
+            PyMem_Free(lo);
+            Py_RETURN_NONE;
+        }
+        lo[i] = PyFloat_AS_DOUBLE(a);
+        hi[i] = PyFloat_AS_DOUBLE(b);
+    }
+    PyObject *buckets = PyList_New(n);
+    if (buckets == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *bucket = PyList_New(0);
+        if (bucket == NULL) goto fail;
+        PyList_SET_ITEM(buckets, i, bucket);
+    }
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(ops); k++) {
+        PyObject *op = PyList_GET_ITEM(ops, k);
+        if (!PyTuple_Check(op) || PyTuple_GET_SIZE(op) < 5) goto python;
+        PyObject *corr = PyTuple_GET_ITEM(op, 4), *launch = NULL, *t;
+        if (corr != Py_None) {
+            launch = PyDict_GetItemWithError(launches, corr);
+            if (launch == NULL && PyErr_Occurred()) goto fail;
+        }
+        if (launch != NULL) {
+            /* `launch[0] if launch else op.start`: a launch record is a non-empty tuple */
+            if (!PyTuple_CheckExact(launch) || PyTuple_GET_SIZE(launch) == 0) goto python;
+            t = PyTuple_GET_ITEM(launch, 0);
+        } else {
+            t = PyTuple_GET_ITEM(op, 0);
+        }
+        if (!PyFloat_CheckExact(t)) goto python;
+        double x = PyFloat_AS_DOUBLE(t);
+        Py_ssize_t a = 0, b = n; /* bisect_right(starts, x) */
+        while (a < b) {
+            Py_ssize_t mid = (a + b) / 2;
+            if (x < lo[mid]) b = mid;
+            else a = mid + 1;
+        }
+        Py_ssize_t i = a - 1;
+        if (i >= 0 && x <= hi[i] && PyList_Append(PyList_GET_ITEM(buckets, i), op) < 0) goto fail;
+    }
+    PyMem_Free(lo);
+    return buckets;
+python:
+    PyMem_Free(lo);
+    Py_XDECREF(buckets);
+    Py_RETURN_NONE;
+fail:
+    PyMem_Free(lo);
+    Py_XDECREF(buckets);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"assign", assign, METH_VARARGS, assign_doc},
     {"union_sorted", union_sorted, METH_VARARGS, union_doc},
     {"scan", scan, METH_VARARGS, scan_doc},
     {"take", take, METH_VARARGS, take_doc},

@@ -51,7 +51,7 @@ def union_sorted_py(intervals: Iterable[Interval], gap: float = 0.0) -> list[lis
 
 def length(merged: list[list[float]]) -> float:
     """Total covered time of a merged list."""
-    return sum(b - a for a, b in merged)
+    return sum([b - a for a, b in merged])
 
 
 def overlap(x: list[list[float]], y: list[list[float]]) -> float:

@@ -17,6 +17,11 @@ from .bubble import bubbles
 from .kinds import ALL_GATHER, ALL_REDUCE, COMM, COMPUTE, P2P, PP_RECV, PP_SEND, REDUCE_SCATTER
 from .ops import Op
 
+try:  # the same loop in C where the native extension is built (tested equal)
+    from titan_trace_analysis._scan import assign as _native
+except ImportError:  # pragma: no cover - built without a C compiler
+    _native = None
+
 # Collectives over large groups: their start times travel in the summary so the critical path
 # finds the last member to join without loading every member's timeline.
 INDEXED = (REDUCE_SCATTER, ALL_GATHER, ALL_REDUCE)
@@ -30,7 +35,18 @@ def assign(
     """The ops of each step (``steps`` sorted by start)."""
     starts = [s[1] for s in steps]
     ends = [s[2] for s in steps]
-    buckets: list[list[Op]] = [[] for _ in steps]
+    if _native is not None:
+        got = _native(starts, ends, ops if type(ops) is list else list(ops), launches)
+        if got is not None:
+            return got
+    return assign_py(starts, ends, ops, launches)
+
+
+def assign_py(
+    starts: list[float], ends: list[float], ops: list[Op], launches: dict[int, tuple[float, int]]
+) -> list[list[Op]]:
+    """:func:`assign`'s Python loop (no extension, or times that are not floats)."""
+    buckets: list[list[Op]] = [[] for _ in starts]
     get = launches.get
     for op in ops:
         corr = op[4]  # op.corr (indexing is cheaper than the named field in this loop)
@@ -52,10 +68,10 @@ def per_step(
     for (num, _s0, _s1), bucket in zip(steps, assign(steps, ops, launches)):
         if not bucket:
             continue
-        start = min(o.start for o in bucket)
+        start = min([o[0] for o in bucket])  # o.start
         if prev_num is not None and num == prev_num + 1:
             start = max(start, prev_end)
-        end = max(o.end for o in bucket)
+        end = max([o[1] for o in bucket])  # o.end
         if end <= start:
             continue
         stats[str(num)], timeline[str(num)] = one_step(start, end, bucket, launches)
@@ -113,10 +129,10 @@ def temporal(ops: list[Op]) -> dict[str, float]:
     if not ops:
         return {"span_us": 0.0, "idle_us": 0.0, "compute_us": 0.0, "non_compute_us": 0.0}
     spans = sorted([o[:3] for o in ops])  # (start, end, klass), cheaper to sort than Ops
-    every = iv.union_sorted((a, b) for a, b, _ in spans)
+    every = iv.union_sorted([(a, b) for a, b, _ in spans])
     span = every[-1][1] - every[0][0]
     idle = span - iv.length(every)
-    compute = iv.length(iv.union_sorted((a, b) for a, b, k in spans if k == COMPUTE))
+    compute = iv.length(iv.union_sorted([(a, b) for a, b, k in spans if k == COMPUTE]))
     return {
         "span_us": span,
         "idle_us": idle,
