@@ -1,4 +1,4 @@
-"""The native scanner (``_scan.c``) reads exactly what the reader's Python loop reads.
+"""The native scanner (``_native.c``) reads exactly what the reader's Python loop reads.
 
 Compared event by event (the fields ``OpBuilder.gpu_event`` takes, launch records, counts,
 truncation) on randomised traces built to hit every branch (key orders, spacing, escapes,
@@ -47,7 +47,7 @@ def test_the_scanner_is_built_wherever_it_can_be():
     it optional so installs elsewhere still succeed, which would otherwise hide a failure)."""
     if not _can_build():
         pytest.skip("no C compiler or Python headers here: the Python loop is the reader")
-    assert NATIVE, "titan_trace_analysis._scan missing: reinstall titan-trace-analysis"
+    assert NATIVE, "titan_trace_analysis._native missing: reinstall titan-trace-analysis"
     assert fastpath.reader_name() == "native+" + fastpath.codec().name
     assert fastpath.reader_name(pure=True) == "stdlib"
 
@@ -368,7 +368,7 @@ def _built(path: Path, take: Any, block: int) -> tuple:
 
 @needs_native
 def test_the_native_builder_loop_builds_what_the_python_loop_builds(tmp_path: Path):
-    """``_scan.take`` (OpBuilder.batch in C): the same Ops (repr: bit for bit), names totals,
+    """``_native.take`` (OpBuilder.batch in C): the same Ops (repr: bit for bit), names totals,
     kernel classes, communication args, bad-time count and leftover events, in the same order."""
     take = fastpath.native_take()
     files = []
@@ -388,7 +388,7 @@ def test_the_native_builder_loop_builds_what_the_python_loop_builds(tmp_path: Pa
 
 WITHOUT_EXTENSION = """
 import json, sys
-sys.modules["titan_trace_analysis._scan"] = None  # import -> ImportError: built without a compiler
+sys.modules["titan_trace_analysis._native"] = None  # import -> ImportError: built without a compiler
 from titan_trace_analysis import fastpath, intervals
 from titan_trace_analysis.summarize import summarize
 assert fastpath.native_scan() is None and intervals._native is None, fastpath.reader_name()
@@ -416,13 +416,13 @@ def test_an_install_without_the_extension_reads_the_same(tmp_path: Path):
 def test_the_scalar_build_scans_as_the_simd_build(tmp_path: Path):
     """The portable code path (CPUs without SSE2, e.g. aarch64) compiled here with
     -DTITAN_SCAN_SCALAR gives what the installed (SSE2) build gives, buffer by buffer."""
-    from titan_trace_analysis import _scan
+    from titan_trace_analysis import _native
 
     if not _can_build():
         pytest.skip("no C compiler here")
     cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    so = tmp_path / ("_scan" + sysconfig.get_config_var("EXT_SUFFIX"))
-    src = Path(_scan.__file__).with_name("_scan.c")
+    so = tmp_path / ("_native" + sysconfig.get_config_var("EXT_SUFFIX"))
+    src = Path(_native.__file__).with_name("_native.c")
     include = sysconfig.get_paths()["include"]
     cmd = [
         cc,
@@ -436,7 +436,7 @@ def test_the_scalar_build_scans_as_the_simd_build(tmp_path: Path):
         str(so),
     ]
     subprocess.run(cmd, check=True, capture_output=True, timeout=120)
-    spec = importlib.util.spec_from_file_location("_scan", so)
+    spec = importlib.util.spec_from_file_location("_native", so)
     scalar = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(scalar)  # type: ignore[union-attr]
     for seed in range(6):
@@ -445,12 +445,12 @@ def test_the_scalar_build_scans_as_the_simd_build(tmp_path: Path):
         for cut in range(0, len(body), 997):
             buf = body[cut : cut + 4000]
             a, b = {}, {}
-            assert scalar.scan(buf, 4, a) == _scan.scan(buf, 4, b) and a == b
+            assert scalar.scan(buf, 4, a) == _native.scan(buf, 4, b) and a == b
 
 
 @needs_native
 def test_the_c_step_assignment_equals_the_python_loop():
-    """``_scan.assign`` (steps.assign): the same ops in the same buckets, boundaries included."""
+    """``_native.assign`` (steps.assign): the same ops in the same buckets, boundaries included."""
     from titan_trace_analysis import steps
     from titan_trace_analysis.ops import Op
 

@@ -17,9 +17,9 @@ try:
 except ImportError:  # pragma: no cover - the default install has it
     orjson = None  # type: ignore[assignment]
 try:
-    from titan_trace_analysis import _scan
+    from titan_trace_analysis import _native
 except ImportError:  # built without a C compiler: the reader's Python loop serves
-    _scan = None  # type: ignore[assignment]
+    _native = None  # type: ignore[assignment]
 try:
     from isal import isal_zlib
 except ImportError:  # pragma: no cover - the default install has it where wheels exist
@@ -63,12 +63,12 @@ def codec(pure: bool = False) -> Codec:
 
 def native_scan(pure: bool = False) -> Callable | None:
     """The native scanner's ``scan`` when built and not ``pure``, else None."""
-    return None if pure or _scan is None else _scan.scan
+    return None if pure or _native is None else _native.scan
 
 
 def native_take(pure: bool = False) -> Callable | None:
     """The native op builder loop (``OpBuilder.batch`` in C) when built and not ``pure``."""
-    return None if pure or _scan is None else _scan.take
+    return None if pure or _native is None else _native.take
 
 
 def reader_name(pure: bool = False) -> str:

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 Interval = tuple[float, float]
 
 try:  # the same loop in C where the native extension is built (tested equal)
-    from titan_trace_analysis._scan import union_sorted as _native
+    from titan_trace_analysis._native import union_sorted as _native
 except ImportError:  # pragma: no cover - built without a C compiler
     _native = None
 

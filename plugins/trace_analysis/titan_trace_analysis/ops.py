@@ -95,7 +95,7 @@ class OpBuilder:
 
         The hot path (~30k kernels per 200k-event trace): a native-scanner tuple is handled
         inline, with the builder's containers in locals; the native build runs this loop in C
-        (``_scan.take``, tested equal)."""
+        (``_native.take``, tested equal)."""
         if self._take is not None:
             consts = (MAX_TS, MAX_DUR, COMPUTE, MEMORY, COMM, math.nan)
             rest, bad = self._take(items, self.gpu, self.names, self._klass, self.raw_comm,

@@ -1,7 +1,7 @@
 """Stream the events of one Kineto (Chrome-trace JSON) file in bounded memory.
 
 The decompressed text is cut into one piece per event at the ``}, {`` boundaries between the
-objects of ``traceEvents``.  The native scanner (``_scan.c``, built at install where a C
+objects of ``traceEvents``.  The native scanner (``_native.c``, built at install where a C
 compiler exists) runs the loop below in C and hands GPU events over as tuples of their fields
 (``records``); what it cannot vouch for it leaves to this module's loop, which is also the
 fallback where it is not built and the reference the tests compare it with.  In that loop, one regex per piece (run by ``filter``, in C) keeps the GPU ops,

@@ -18,7 +18,7 @@ from .kinds import ALL_GATHER, ALL_REDUCE, COMM, COMPUTE, P2P, PP_RECV, PP_SEND,
 from .ops import Op
 
 try:  # the same loop in C where the native extension is built (tested equal)
-    from titan_trace_analysis._scan import assign as _native
+    from titan_trace_analysis._native import assign as _native
 except ImportError:  # pragma: no cover - built without a C compiler
     _native = None
 

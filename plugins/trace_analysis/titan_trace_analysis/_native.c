@@ -1,8 +1,12 @@
-/* The trace reader's hot loop in C: cut the decompressed ``traceEvents`` text into events, keep
- * the wanted ones, read launch calls and parse GPU events into their fields.
+/* The map step's hot loops in C, each equal to a Python loop that stays as the fallback (no
+ * compiler at install) and as the reference the tests compare it with:
+ *   scan          reader.TraceReader._parse: events of the traceEvents text
+ *   take          ops.OpBuilder.batch: GPU events into Ops
+ *   union_sorted  intervals.union_sorted_py
+ *   assign        steps.assign_py
  *
- * It gives exactly what the Python loop in reader.py gives (that loop stays, as the fallback
- * and the reference the tests compare against):
+ * scan cuts the decompressed text into events, keeps the wanted ones, reads launch calls and
+ * parses GPU events into their fields, exactly as the Python loop in reader.py does:
  * - events are cut at the same ``}\s*,\s*{`` boundaries (a bytes regex's \s), the last HOLD
  *   pieces of a buffer are held back the same way;
  * - the selection, launch and annotation tests are hand-written equivalents of reader.py's
@@ -749,6 +753,9 @@ static PyObject *take(PyObject *self, PyObject *args) {
                 int rc = fresh == NULL ? -1 : PyDict_SetItem(names, name, fresh);
                 Py_XDECREF(fresh);
                 if (rc < 0) goto fail;
+            } else if (!PyList_CheckExact(acc) || PyList_GET_SIZE(acc) != 2) {
+                PyErr_SetString(PyExc_TypeError, "names values must be [count, total] lists");
+                goto fail;
             } else {
                 /* acc[0] += 1.0; acc[1] += end - ts, as Python adds them */
                 PyObject *len = PyFloat_FromDouble(end - ts);
@@ -951,13 +958,13 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_scan",
+    PyModuleDef_HEAD_INIT, "_native",
     "Native loops of the trace reader and op builder (reader.py, ops.py hold the Python reference).",
     -1,
     methods,
 };
 
-PyMODINIT_FUNC PyInit__scan(void) {
+PyMODINIT_FUNC PyInit__native(void) {
     CAT_KERNEL = PyUnicode_InternFromString("kernel");
     CAT_MEMCPY = PyUnicode_InternFromString("gpu_memcpy");
     CAT_MEMSET = PyUnicode_InternFromString("gpu_memset");
