@@ -14,7 +14,9 @@ from __future__ import annotations
 import ctypes
 import itertools
 import socket
+import threading
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -266,6 +268,97 @@ def test_the_atexit_flush_waits_until_the_peer_takes_the_last_records() -> None:
     got = [torch.empty(INLINE // 4) for _ in range(64)]
     recvs = [b.irecv(t, 0, FWD) for t in got]
     assert all(r.done for r in recvs) and all(t.eq(1).all() for t in got)
+
+
+# ---------------------------------------------------------------------- CPU per message
+def _trace(monkeypatch: pytest.MonkeyPatch, t: MooncakeTransport, log: list[str]) -> None:
+    """Record, in order, each progress round and each sleep of ``t``."""
+    real_round, real_block = t._round, t._block
+
+    def round_() -> float | None:
+        log.append("round")
+        return real_round()
+
+    def block(timeout: float, sockets: bool = True) -> None:
+        log.append("sleep")
+        real_block(timeout, sockets)
+
+    monkeypatch.setattr(t, "_round", round_)
+    monkeypatch.setattr(t, "_block", block)
+
+
+def _later(fn: Any, delay: float = 0.05) -> threading.Thread:
+    thread = threading.Thread(target=lambda: (time.sleep(delay), fn()))
+    thread.start()
+    return thread
+
+
+def test_a_wait_right_after_its_post_sleeps_before_running_another_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The post's round found nothing to do until the peer answers: a second round at the start
+    of the wait would find the same, so the wait goes to sleep on the sockets at once (and the
+    peer's answer still wakes it)."""
+    a, b, _, _ = pair(direct=True)
+    x, y = big(4.0), torch.empty_like(big())
+    send = a.isend(x, 1, FWD)
+    log: list[str] = []
+    _trace(monkeypatch, a, log)
+    peer = _later(lambda: b.irecv(y, 0, FWD).wait())
+    send.wait()
+    peer.join()
+    assert send.done and y.equal(x)
+    assert log[0] == "sleep", log
+    assert log.count("round") == log.count("sleep")  # every wake-up runs one round
+
+
+def test_a_wait_runs_a_round_first_when_the_last_one_left_work_or_was_not_run(
+    monkeypatch: pytest.MonkeyPatch, events: list[FakeEvent]
+) -> None:
+    """No skipped round when the last one left something to do at once (a send whose device
+    bytes were pending) or when an op was posted without a round (inside ``batch``)."""
+    a, b, _, _ = pair(direct=True)
+    send = a.isend(big(1.0), 1, FWD)  # its event is pending: the round asks to come back now
+    assert a._last_due == 0.0
+    ready(events)
+    from titan_pp_rdma import protocol
+
+    for module in (transport_mod, protocol):  # from here on, device memory is ready at once
+        monkeypatch.setattr(module, "record_event", lambda t: None)
+    log: list[str] = []
+    _trace(monkeypatch, a, log)
+    peer = _later(lambda: b.irecv(torch.empty_like(big()), 0, FWD).wait())
+    send.wait()
+    peer.join()
+    assert log[0] == "round", log
+    with a.batch():
+        recv = a.irecv(torch.empty_like(big()), 1, BWD)
+        assert not a._settled  # posted without a round: the state has not been looked at
+        _later(lambda: b.isend(big(2.0), 0, BWD).wait())  # (b's own wait ends on a's F)
+        log.clear()
+        recv.wait()
+    assert log[0] == "round", log
+    assert recv.done
+
+
+def test_timer_slack_is_touched_only_by_a_wait_that_polls_a_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A wait that only sleeps on the sockets (a send waiting for read-done) leaves the thread's
+    timer slack alone: a socket wakes it whatever the slack. A wait polling a read lowers it for
+    its naps and puts it back."""
+    calls: list[int | None] = []
+    monkeypatch.setattr(transport_mod, "timer_slack", lambda ns: calls.append(ns) or 50_000)
+    a, b, _, eb = pair(direct=True)
+    b.seconds_per_byte = 1 / 0.02e9  # the read is predicted to take ~3 ms: the wait naps
+    x, y = big(6.0), torch.empty_like(big())
+    send = a.isend(x, 1, FWD)
+    recv = b.irecv(y, 0, FWD)  # the read starts here
+    recv.wait()
+    send.wait()  # the read-done is there already; it still sleeps (on the sockets) first
+    assert recv.done and y.equal(x) and eb.polls
+    # b's wait (a read in flight) lowered and restored it; a's wait (a send) never touched it
+    assert calls == [transport_mod.FINE_SLACK_NS, 50_000], calls
 
 
 # ---------------------------------------------------------------------- hostile input

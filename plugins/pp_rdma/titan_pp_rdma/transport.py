@@ -76,6 +76,10 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
         self.stats: Any = None  # a stats.PhaseStats to time every phase (benchmarks)
         self._lock = threading.RLock()
         self._batching = False
+        # What the last completed round returned, and whether it still describes the state: an
+        # op posted without a round since (``batch``), or a round that did not complete, does not.
+        self._last_due: float | None = None
+        self._settled = False
         self._drained_at = 0.0
         self._start_driver(background, rank)
 
@@ -101,6 +105,7 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
             link = self.links[peer]
             op = SendOp(self, peer, ch, tensor, link.send_seq[ch])
             link.send_seq[ch] += 1
+            self._settled = False
             if inline:
                 self._stamp(link)
                 link.channel.queue(encode("I", ch, op.key, op.seq), payload)
@@ -156,6 +161,7 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
             op = RecvOp(self, peer, ch, tensor, link.recv_seq[ch])
             op.posted_at = time.perf_counter()
             link.recv_seq[ch] += 1
+            self._settled = False
             if self.direct:
                 op.event = record_event(tensor)
             link.recvs[(ch, op.seq)] = op
@@ -182,25 +188,38 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
         deadline = time.monotonic() + self.timeout_s
         with self._lock:
             self._waiting += 1  # the helper thread stays out of the way meanwhile
+            # A wait usually follows the post whose round just ran: when that round found
+            # nothing to do before a record arrives or a read's due time, another one now would
+            # find the same (a record arriving meanwhile wakes the first sleep at once).
+            last = self._last_due
+            skip = self._settled and (last is None or last - time.perf_counter() > FIRST_NAP_S)
         nap = FIRST_NAP_S
-        slack = None  # lowered the first time this wait sleeps
+        slack = None  # lowered the first time this wait naps on a timer
         try:
             while True:
-                with self._lock:
-                    self._check()
-                    due = self._round()
-                if op.done:
-                    return
+                if skip:
+                    skip, due = False, last
+                    with self._lock:
+                        self._check()
+                    if op.done:  # the helper's round completed it before this wait counted
+                        return
+                else:
+                    with self._lock:
+                        self._check()
+                        due = self._round()
+                    if op.done:
+                        return
                 left = deadline - time.monotonic()
                 if left <= 0:
                     with self._lock:
                         self.error = PPRdmaTimeout(self._stuck(op))
                     raise self.error
-                if slack is None:
-                    slack = timer_slack(FINE_SLACK_NS) or 0
                 if due is None:  # only a record from the peer can move it: sleep on the sockets
+                    # (a socket wakes this sleep whatever the timer slack: leave it alone)
                     self._block(min(IDLE_S, left))
                     continue
+                if slack is None:  # polling a read: naps must last what they say
+                    slack = timer_slack(FINE_SLACK_NS) or 0
                 early = due - time.perf_counter()
                 if early > nap:  # a transfer that cannot be done yet: sleep most of it
                     self._block(min(early, left))
@@ -254,6 +273,7 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
         :return: when (``perf_counter``) something must be polled next, or None when only a
             record from a peer can bring news.
         """
+        self._settled = False  # until this round completes
         due = None
         for peer, link in self.links.items():
             for text, payload in link.channel.receive():
@@ -289,6 +309,7 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
         if now - self._drained_at > _DRAIN_EVERY_S:
             self._drained_at = now
             self._drain_mooncake()
+        self._last_due, self._settled = due, True
         return due
 
     def _drain_mooncake(self) -> None:
