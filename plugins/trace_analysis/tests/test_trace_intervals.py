@@ -41,10 +41,27 @@ def test_union_matches_the_model(seed: int):
         assert iv.length(want) == sum(b - a for a, b in want)
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_union_of_unsorted_pairs_is_the_sorted_union_bit_for_bit(seed: int):
+    """The C union sorts by start itself: the same runs opened by the same float objects as
+    sorted() + the Python loop (repr compares -0.0 and 0.0 apart), ties and zero widths too."""
+    rng = random.Random(seed)
+    pairs = _random_pairs(rng, rng.randint(1, 400))
+    pairs += [(0.0, 1.0), (-0.0, 2.0), (-0.0, 1.0), (5.0, 5.0), (5.0, 5.0)]
+    rng.shuffle(pairs)
+    for gap in (0.0, 0.5):
+        want = iv.union_sorted_py(sorted(pairs), gap)
+        assert repr(iv.union(pairs, gap)) == repr(want)
+        assert repr(iv.union(iter(pairs), gap)) == repr(want)
+    nan = [(1.0, float("nan")), (1.0, 2.0)]  # no order (and its runs differ): Python decides
+    assert repr(iv.union(nan)) == repr(iv.union_sorted_py(sorted(nan)))
+
+
 def test_the_c_union_is_used_where_built():
     from titan_trace_analysis import fastpath
 
-    assert (iv._native is not None) == (fastpath.native_scan() is not None)
+    built = fastpath.native_scan() is not None
+    assert (iv._native is not None) == built and (iv._any is not None) == built
 
 
 def test_union_of_nothing_and_of_one():

@@ -3,6 +3,7 @@
  *   scan          reader.TraceReader._parse: events of the traceEvents text
  *   take          ops.OpBuilder.batch: GPU events into Ops
  *   union_sorted  intervals.union_sorted_py
+ *   union_any     intervals.union (sorted here)
  *   assign        steps.assign_py
  *
  * scan cuts the decompressed text into events, keeps the wanted ones, reads launch calls and
@@ -817,6 +818,70 @@ PyDoc_STRVAR(union_doc,
 "intervals.union_sorted for a list of (start, end) pairs of floats sorted by start; None when\n"
 "an item is not a pair of floats (the Python loop then runs).");
 
+typedef struct {
+    double a, b;
+    Py_ssize_t i;
+    PyObject *lo, *hi; /* borrowed from the caller's pairs */
+} run_item;
+
+/* the order of Python's sorted() on (start, end) pairs: by start, then end, then position
+ * (a stable sort): the same runs and the same float objects (-0.0 or 0.0) open them */
+static int by_start(const void *x, const void *y) {
+    const run_item *p = x, *q = y;
+    if (p->a != q->a) return p->a < q->a ? -1 : 1;
+    if (p->b != q->b) return p->b < q->b ? -1 : 1;
+    return (p->i > q->i) - (p->i < q->i);
+}
+
+static PyObject *merge(run_item *items, Py_ssize_t n, double gap);
+
+PyDoc_STRVAR(union_any_doc,
+"union_any(pairs: list, gap: float) -> list[list[float]] or None\n\n"
+"intervals.union: the pairs sorted by start here (the order among equal starts cannot change\n"
+"the merged runs), then merged as union_sorted does; None when not all pairs of floats.");
+
+static int collect(PyObject *pairs, run_item *items) {
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pairs); i++) {
+        PyObject *it = PyList_GET_ITEM(pairs, i), *a, *b;
+        if (PyTuple_CheckExact(it) && PyTuple_GET_SIZE(it) == 2) {
+            a = PyTuple_GET_ITEM(it, 0);
+            b = PyTuple_GET_ITEM(it, 1);
+        } else if (PyList_CheckExact(it) && PyList_GET_SIZE(it) == 2) {
+            a = PyList_GET_ITEM(it, 0);
+            b = PyList_GET_ITEM(it, 1);
+        } else {
+            return 0;
+        }
+        if (!PyFloat_CheckExact(a) || !PyFloat_CheckExact(b)) return 0;
+        /* NaN has no order: the Python loop decides */
+        if (PyFloat_AS_DOUBLE(a) != PyFloat_AS_DOUBLE(a)) return 0;
+        if (PyFloat_AS_DOUBLE(b) != PyFloat_AS_DOUBLE(b)) return 0;
+        items[i].a = PyFloat_AS_DOUBLE(a);
+        items[i].b = PyFloat_AS_DOUBLE(b);
+        items[i].i = i;
+        items[i].lo = a;
+        items[i].hi = b;
+    }
+    return 1;
+}
+
+static PyObject *union_any(PyObject *self, PyObject *args) {
+    PyObject *pairs;
+    double gap;
+    if (!PyArg_ParseTuple(args, "O!d", &PyList_Type, &pairs, &gap)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(pairs);
+    run_item *items = PyMem_Malloc((size_t)(n + 1) * sizeof(run_item));
+    if (items == NULL) return PyErr_NoMemory();
+    if (!collect(pairs, items)) {
+        PyMem_Free(items);
+        Py_RETURN_NONE;
+    }
+    qsort(items, (size_t)n, sizeof(run_item), by_start);
+    PyObject *out = merge(items, n, gap);
+    PyMem_Free(items);
+    return out;
+}
+
 static PyObject *union_sorted(PyObject *self, PyObject *args) {
     PyObject *pairs;
     double gap;
@@ -876,6 +941,39 @@ static PyObject *union_sorted(PyObject *self, PyObject *args) {
 fail:
     Py_DECREF(out);
     return NULL;
+}
+
+/* union_sorted's loop over items sorted by start (the same float objects in the runs) */
+static PyObject *merge(run_item *items, Py_ssize_t n, double gap) {
+    PyObject *out = PyList_New(0);
+    if (out == NULL || n == 0) return out;
+    PyObject *lo = items[0].lo, *hi = items[0].hi;
+    for (Py_ssize_t i = 1; i <= n; i++) {
+        if (i < n && PyFloat_AS_DOUBLE(items[i].lo) <= PyFloat_AS_DOUBLE(hi) + gap) {
+            if (PyFloat_AS_DOUBLE(items[i].hi) > PyFloat_AS_DOUBLE(hi)) hi = items[i].hi;
+            continue;
+        }
+        PyObject *run = PyList_New(2);
+        if (run == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_INCREF(lo);
+        Py_INCREF(hi);
+        PyList_SET_ITEM(run, 0, lo);
+        PyList_SET_ITEM(run, 1, hi);
+        int rc = PyList_Append(out, run);
+        Py_DECREF(run);
+        if (rc < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        if (i < n) {
+            lo = items[i].lo;
+            hi = items[i].hi;
+        }
+    }
+    return out;
 }
 
 /* ---- ops to steps (steps.assign, in C) ---- */
@@ -952,6 +1050,7 @@ fail:
 static PyMethodDef methods[] = {
     {"assign", assign, METH_VARARGS, assign_doc},
     {"union_sorted", union_sorted, METH_VARARGS, union_doc},
+    {"union_any", union_any, METH_VARARGS, union_any_doc},
     {"scan", scan, METH_VARARGS, scan_doc},
     {"take", take, METH_VARARGS, take_doc},
     {NULL, NULL, 0, NULL},

@@ -128,11 +128,10 @@ def temporal(ops: list[Op]) -> dict[str, float]:
     """HTA's temporal breakdown of a set of ops: idle / compute / non-compute over their span."""
     if not ops:
         return {"span_us": 0.0, "idle_us": 0.0, "compute_us": 0.0, "non_compute_us": 0.0}
-    spans = sorted([o[:3] for o in ops])  # (start, end, klass), cheaper to sort than Ops
-    every = iv.union_sorted([(a, b) for a, b, _ in spans])
+    every = iv.union([o[:2] for o in ops])  # (start, end)
     span = every[-1][1] - every[0][0]
     idle = span - iv.length(every)
-    compute = iv.length(iv.union_sorted([(a, b) for a, b, k in spans if k == COMPUTE]))
+    compute = iv.length(iv.union([o[:2] for o in ops if o[2] == COMPUTE]))  # o.klass
     return {
         "span_us": span,
         "idle_us": idle,
