@@ -816,7 +816,7 @@ fail:
 PyDoc_STRVAR(union_doc,
 "union_sorted(pairs: list, gap: float) -> list[list[float]] or None\n\n"
 "intervals.union_sorted for a list of (start, end) pairs of floats sorted by start; None when\n"
-"an item is not a pair of floats (the Python loop then runs).");
+"an item is not a pair of floats or holds NaN (the Python loop then runs).");
 
 typedef struct {
     double a, b;
@@ -838,7 +838,7 @@ static PyObject *merge(run_item *items, Py_ssize_t n, double gap);
 PyDoc_STRVAR(union_any_doc,
 "union_any(pairs: list, gap: float) -> list[list[float]] or None\n\n"
 "intervals.union: the pairs sorted by start here (the order among equal starts cannot change\n"
-"the merged runs), then merged as union_sorted does; None when not all pairs of floats.");
+"the merged runs), then merged as union_sorted does; None when not all pairs of floats or NaN.");
 
 static int collect(PyObject *pairs, run_item *items) {
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pairs); i++) {
@@ -865,7 +865,8 @@ static int collect(PyObject *pairs, run_item *items) {
     return 1;
 }
 
-static PyObject *union_any(PyObject *self, PyObject *args) {
+/* both unions: the pairs' floats collected, sorted when `sort`, merged */
+static PyObject *union_of(PyObject *args, int sort) {
     PyObject *pairs;
     double gap;
     if (!PyArg_ParseTuple(args, "O!d", &PyList_Type, &pairs, &gap)) return NULL;
@@ -876,72 +877,15 @@ static PyObject *union_any(PyObject *self, PyObject *args) {
         PyMem_Free(items);
         Py_RETURN_NONE;
     }
-    qsort(items, (size_t)n, sizeof(run_item), by_start);
+    if (sort) qsort(items, (size_t)n, sizeof(run_item), by_start);
     PyObject *out = merge(items, n, gap);
     PyMem_Free(items);
     return out;
 }
 
-static PyObject *union_sorted(PyObject *self, PyObject *args) {
-    PyObject *pairs;
-    double gap;
-    if (!PyArg_ParseTuple(args, "O!d", &PyList_Type, &pairs, &gap)) return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(pairs);
-    /* every item a 2-tuple or 2-list of exact floats, or the Python loop decides */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *it = PyList_GET_ITEM(pairs, i);
-        PyObject *a, *b;
-        if (PyTuple_CheckExact(it) && PyTuple_GET_SIZE(it) == 2) {
-            a = PyTuple_GET_ITEM(it, 0);
-            b = PyTuple_GET_ITEM(it, 1);
-        } else if (PyList_CheckExact(it) && PyList_GET_SIZE(it) == 2) {
-            a = PyList_GET_ITEM(it, 0);
-            b = PyList_GET_ITEM(it, 1);
-        } else {
-            Py_RETURN_NONE;
-        }
-        if (!PyFloat_CheckExact(a) || !PyFloat_CheckExact(b)) Py_RETURN_NONE;
-    }
-    PyObject *out = PyList_New(0);
-    if (out == NULL || n == 0) return out;
-    PyObject *lo = NULL, *hi = NULL; /* borrowed: the current run, as the Python loop keeps */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *it = PyList_GET_ITEM(pairs, i);
-        PyObject **ab = PyTuple_CheckExact(it) ? &PyTuple_GET_ITEM(it, 0) : &PyList_GET_ITEM(it, 0);
-        PyObject *a = ab[0], *b = ab[1];
-        if (lo == NULL) {
-            lo = a;
-            hi = b;
-        } else if (PyFloat_AS_DOUBLE(a) <= PyFloat_AS_DOUBLE(hi) + gap) {
-            if (PyFloat_AS_DOUBLE(b) > PyFloat_AS_DOUBLE(hi)) hi = b;
-        } else {
-            PyObject *run = PyList_New(2);
-            if (run == NULL) goto fail;
-            Py_INCREF(lo);
-            Py_INCREF(hi);
-            PyList_SET_ITEM(run, 0, lo);
-            PyList_SET_ITEM(run, 1, hi);
-            int rc = PyList_Append(out, run);
-            Py_DECREF(run);
-            if (rc < 0) goto fail;
-            lo = a;
-            hi = b;
-        }
-    }
-    PyObject *run = PyList_New(2);
-    if (run == NULL) goto fail;
-    Py_INCREF(lo);
-    Py_INCREF(hi);
-    PyList_SET_ITEM(run, 0, lo);
-    PyList_SET_ITEM(run, 1, hi);
-    int rc = PyList_Append(out, run);
-    Py_DECREF(run);
-    if (rc < 0) goto fail;
-    return out;
-fail:
-    Py_DECREF(out);
-    return NULL;
-}
+static PyObject *union_any(PyObject *self, PyObject *args) { return union_of(args, 1); }
+
+static PyObject *union_sorted(PyObject *self, PyObject *args) { return union_of(args, 0); }
 
 /* union_sorted's loop over items sorted by start (the same float objects in the runs) */
 static PyObject *merge(run_item *items, Py_ssize_t n, double gap) {
