@@ -25,7 +25,7 @@ import gen_traces
 import pytest
 from titan_trace_analysis import fastpath
 from titan_trace_analysis import summarize as summarize_module
-from titan_trace_analysis.ops import GPU_CATS, OpBuilder
+from titan_trace_analysis.ops import GPU_CATS, Op, OpBuilder
 from titan_trace_analysis.reader import TraceReader
 from titan_trace_analysis.summarize import Options, summarize
 
@@ -173,7 +173,7 @@ def _gpu(rng: random.Random) -> str:
 def _launch(rng: random.Random, odd: bool = False) -> str:
     ts = rng.choice([str(rng.randint(0, 10**6)), "1.5e3", "1e999", "-7", "2.", "3E-2"])
     if odd and rng.random() < 0.02:
-        ts = rng.choice(["1e", "1.2.3", "-", "1e5e"])  # float() raises on these: the file fails
+        ts = rng.choice(["1e", "1.2.3", "-", "1e5e"])  # float() refuses: one bad event
     corr = rng.choice(["12", "0", str(rng.randint(0, 10**5))])
     corr = "1234567890123456789" if rng.random() < 0.01 else corr  # > 18 digits: Python reads
     tid = "12345678901234567890" if rng.random() < 0.01 else rng.choice(["7", "8"])  # > int64
@@ -257,7 +257,8 @@ def test_randomised_traces_read_the_same(tmp_path: Path, seed: int):
     native = [ev for b in TraceReader(str(whole), native=True, block=97).records() for ev in b]
     assert sum(type(ev) is tuple for ev in native) > len(native) // 3  # the C path did read
     odd = _write(tmp_path / "odd.json", _trace_text(rng, 600, odd=True).encode(), gz=False)
-    _same(odd, 301)  # a launch time float() rejects: both raise, or both read
+    got = _same(odd, 301)  # a launch time float() refuses: counted, the rest read
+    assert got[0] != "raised"
     cut = _write(
         tmp_path / "cut.json", text[: rng.randint(len(text) // 3, len(text) - 10)], gz=False
     )
@@ -471,3 +472,110 @@ def test_the_c_step_assignment_equals_the_python_loop():
     assert sum(map(len, got)) > 1000 and all(got)
     ints = [o._replace(start=int(o.start)) for o in ops]  # not floats: the Python loop decides
     assert steps.assign(step_list, ints, {}) == steps.assign_py(starts, ends, ints, {})
+
+
+def test_a_launch_time_float_refuses_costs_that_event_not_the_file(tmp_path: Path):
+    """A launch record whose time matches the fast pattern but is no number ("1e5e") is one bad
+    event (it made the whole file unreadable before), with and without the extension."""
+    events = [
+        '{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 0, "tid": 7, '
+        '"ts": 1e5e, "dur": 4, "args": {"correlation": 9}}',
+        '{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 0, "tid": 7, '
+        '"ts": 0, "dur": 100}',
+        '{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 5, '
+        '"args": {"correlation": 3}}',
+    ]
+    path = tmp_path / "rank-0.json"
+    path.write_text(
+        '{"distributedInfo": {"rank": 0}, "traceEvents": [' + ", ".join(events * 3) + "]}"
+    )
+    for native in (False, True) if NATIVE else (False,):
+        reader = TraceReader(str(path), native=native, block=64)
+        items = [ev for batch in reader.records() for ev in batch]
+        assert reader.bad_events == 3 and len(items) == 6, (native, reader.bad_events)
+    s = summarize(str(path))
+    assert s["status"] == "partial" and s["steps"] and not s.get("truncated")
+    assert any("3 events skipped" in p for p in s["problems"])
+
+
+def test_a_damaged_event_at_the_end_is_not_a_cut_file(tmp_path: Path):
+    """The array's end is found by what follows it, so an unparsable event among the last ones
+    is one bad event; the events after it are kept and the file is not marked truncated."""
+    good = '{"ph": "X", "cat": "kernel", "name": "k", "ts": %d, "dur": 1, "args": {}}'
+    events = [good % i for i in range(6)]
+    events[-2] = '{"ph": "X", "cat": "kernel", "name": "bad", "ts": }'
+    for trailer in ("}", ', "displayTimeUnit": "ms"}\n', ""):
+        path = tmp_path / "t.json"
+        path.write_text('{"traceEvents": [' + ", ".join(events) + "]" + trailer)
+        reader = TraceReader(str(path))
+        items = [ev for batch in reader.records() for ev in batch]
+        names = [ev["name"] if isinstance(ev, dict) else ev[3] for ev in items]
+        assert names == ["k"] * 5 and reader.bad_events == 1 and not reader.truncated, trailer
+    path.write_text('{"traceEvents": [' + ", ".join(events))  # really cut: salvaged
+    reader = TraceReader(str(path))
+    assert len([ev for b in reader.records() for ev in b]) == 4 and reader.truncated
+
+
+def test_the_collector_pause_is_shared_by_threads():
+    """summarize pauses the process-wide cyclic collector; threads share one pause and the
+    last one out restores what was there before."""
+    import gc
+    import threading
+
+    from titan_trace_analysis import summarize as summ
+
+    assert gc.isenabled()
+    inside = threading.Barrier(2)
+    seen = []
+
+    def worker() -> None:
+        summ._pause_gc()
+        inside.wait()
+        seen.append(gc.isenabled())
+        inside.wait()
+        summ._resume_gc()
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    summ._pause_gc()  # a third summary still running when the threads end
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == [False, False] and not gc.isenabled()
+    summ._resume_gc()
+    assert gc.isenabled()
+    gc.disable()  # paused by someone else: left paused
+    summ._pause_gc()
+    summ._resume_gc()
+    assert not gc.isenabled()
+    gc.enable()
+
+
+@needs_native
+def test_c_built_ops_are_ordinary_ops(tmp_path: Path):
+    """Ops made by _native.take hash, compare and pickle like Ops made in Python."""
+    import pickle
+
+    text = _trace_text(random.Random(5), 300).encode()
+    path = _write(tmp_path / "t.json", text, gz=False)
+    b = OpBuilder(fastpath.native_take())
+    for batch in TraceReader(str(path), native=True, block=700).records():
+        b.batch(batch)
+    assert b.gpu
+    for op in b.gpu:
+        twin = Op(*op)
+        assert op == twin and hash(op) == hash(twin)
+        assert repr(pickle.loads(pickle.dumps(op))) == repr(op)  # (a pickled nan is another nan)
+    assert len(set(b.gpu) | {Op(*o) for o in b.gpu}) == len(set(b.gpu))
+
+
+@needs_native
+def test_the_c_union_refuses_what_sorted_refuses():
+    from titan_trace_analysis import _native
+
+    assert _native.union_any([(1.0, 2.0), [0.0, 1.0]], 0.0) is None  # sorted() would raise
+    assert _native.union_any([[1.0, 2.0], [0.0, 1.0]], 0.0) == [[0.0, 2.0]]
+    with pytest.raises(TypeError):
+        from titan_trace_analysis import intervals
+
+        intervals.union([(1.0, 2.0), [0.0, 1.0]])

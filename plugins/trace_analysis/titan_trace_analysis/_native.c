@@ -682,132 +682,166 @@ PyDoc_STRVAR(take_doc,
 "updated as there), dicts of a GPU category go to gpu_event(ev, cat), the rest is returned.\n"
 "consts: (MAX_TS, MAX_DUR, COMPUTE, MEMORY, COMM, nan).");
 
-static PyObject *take(PyObject *self, PyObject *args) {
-    PyObject *items, *gpu, *names, *klass, *raw_comm, *gpu_event, *classify, *loads, *gpu_cats;
+typedef struct {
+    PyObject *gpu, *names, *klass, *raw_comm, *classify, *loads, *compute, *memory, *comm, *nan;
+    PyObject *one, *minus_one;
     PyTypeObject *op_type;
     double max_ts, max_dur;
-    PyObject *compute, *memory, *comm, *nan;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O!OOOO!O!(ddOOOO)", &PyList_Type, &items, &PyList_Type,
-                          &gpu, &PyDict_Type, &names, &PyDict_Type, &klass, &PyList_Type,
-                          &raw_comm, &gpu_event, &classify, &loads, &PyType_Type, &op_type,
-                          &PyTuple_Type, &gpu_cats, &max_ts, &max_dur, &compute, &memory, &comm,
-                          &nan))
+    Py_ssize_t bad;
+} taker;
+
+/* Op(ts, end, k, "", corr, "", -1, False, nan) through tuple.__new__ (tuple_subtype_new sets
+ * up the tuple as the interpreter expects, hash cache included) */
+static PyObject *new_op(taker *t, PyObject *tsf, double end, PyObject *k, PyObject *corr) {
+    PyObject *fields = PyTuple_New(9);
+    if (fields == NULL) return NULL;
+    PyObject *endf = PyFloat_FromDouble(end);
+    if (endf == NULL) {
+        Py_DECREF(fields);
         return NULL;
-    if (!PyType_IsSubtype(op_type, &PyTuple_Type)) {
+    }
+    PyObject *items[9] = {tsf, endf, k, EMPTY, corr, EMPTY, t->minus_one, Py_False, t->nan};
+    for (int f = 0; f < 9; f++) {
+        if (f != 1) Py_INCREF(items[f]); /* endf's reference moves into the tuple */
+        PyTuple_SET_ITEM(fields, f, items[f]);
+    }
+    PyObject *call = PyTuple_Pack(1, fields);
+    Py_DECREF(fields);
+    if (call == NULL) return NULL;
+    PyObject *op = PyTuple_Type.tp_new(t->op_type, call, NULL);
+    Py_DECREF(call);
+    return op;
+}
+
+/* one scanner tuple (held by the caller) into an Op, as OpBuilder.batch's loop body */
+static int take_kernel(taker *t, PyObject *ev) {
+    PyObject *cat = PyTuple_GET_ITEM(ev, 0), *tsf = PyTuple_GET_ITEM(ev, 1);
+    PyObject *name = PyTuple_GET_ITEM(ev, 3), *corr = PyTuple_GET_ITEM(ev, 4);
+    PyObject *raw_args = PyTuple_GET_ITEM(ev, 5);
+    double ts = PyFloat_AsDouble(tsf), dur = PyFloat_AsDouble(PyTuple_GET_ITEM(ev, 2));
+    if (PyErr_Occurred()) return -1;
+    if (!(-t->max_ts <= ts && ts <= t->max_ts && 0.0 <= dur && dur <= t->max_dur)) {
+        t->bad++; /* NaN fails both too */
+        return 0;
+    }
+    double end = ts + dur;
+    int is_kernel = cat == CAT_KERNEL ||
+                    (PyUnicode_Check(cat) && PyUnicode_CompareWithASCIIString(cat, "kernel") == 0);
+    PyObject *k; /* a strong reference: callbacks below run Python code */
+    if (is_kernel) {
+        k = PyDict_GetItemWithError(t->klass, name);
+        if (k == NULL) {
+            if (PyErr_Occurred()) return -1;
+            k = PyObject_CallFunctionObjArgs(t->classify, name, cat, NULL);
+            if (k == NULL || PyDict_SetItem(t->klass, name, k) < 0) {
+                Py_XDECREF(k);
+                return -1;
+            }
+        } else {
+            Py_INCREF(k);
+        }
+    } else {
+        k = t->memory;
+        Py_INCREF(k);
+    }
+    int rc = -1;
+    int is_compute = PyObject_RichCompareBool(k, t->compute, Py_EQ);
+    if (is_compute < 0) goto done;
+    if (is_compute) {
+        PyObject *acc = PyDict_GetItemWithError(t->names, name);
+        if (acc == NULL) {
+            if (PyErr_Occurred()) goto done;
+            PyObject *fresh = Py_BuildValue("[dd]", 1.0, end - ts);
+            int set = fresh == NULL ? -1 : PyDict_SetItem(t->names, name, fresh);
+            Py_XDECREF(fresh);
+            if (set < 0) goto done;
+        } else if (!PyList_CheckExact(acc) || PyList_GET_SIZE(acc) != 2) {
+            PyErr_SetString(PyExc_TypeError, "names values must be [count, total] lists");
+            goto done;
+        } else {
+            /* acc[0] += 1.0; acc[1] += end - ts, as Python adds them (no callback runs) */
+            PyObject *len = PyFloat_FromDouble(end - ts);
+            PyObject *a0 = len == NULL ? NULL : PyNumber_Add(PyList_GET_ITEM(acc, 0), t->one);
+            PyObject *a1 = a0 == NULL ? NULL : PyNumber_Add(PyList_GET_ITEM(acc, 1), len);
+            Py_XDECREF(len);
+            if (a1 == NULL) {
+                Py_XDECREF(a0);
+                goto done;
+            }
+            PyList_SetItem(acc, 0, a0); /* steals */
+            PyList_SetItem(acc, 1, a1);
+        }
+    } else {
+        int is_comm = PyObject_RichCompareBool(k, t->comm, Py_EQ);
+        if (is_comm < 0) goto done;
+        if (is_comm) {
+            PyObject *parsed = raw_args == Py_None ? PyDict_New()
+                                                   : PyObject_CallOneArg(t->loads, raw_args);
+            PyObject *entry = parsed == NULL ? NULL
+                              : Py_BuildValue("(nOO)", PyList_GET_SIZE(t->gpu), name, parsed);
+            Py_XDECREF(parsed);
+            int added = entry == NULL ? -1 : PyList_Append(t->raw_comm, entry);
+            Py_XDECREF(entry);
+            if (added < 0) goto done;
+        }
+    }
+    PyObject *op = new_op(t, tsf, end, k, corr);
+    if (op == NULL) goto done;
+    rc = PyList_Append(t->gpu, op);
+    Py_DECREF(op);
+done:
+    Py_DECREF(k);
+    return rc;
+}
+
+static PyObject *take(PyObject *self, PyObject *args) {
+    PyObject *items, *gpu_event, *gpu_cats;
+    taker t = {0};
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!OOOO!O!(ddOOOO)", &PyList_Type, &items, &PyList_Type,
+                          &t.gpu, &PyDict_Type, &t.names, &PyDict_Type, &t.klass, &PyList_Type,
+                          &t.raw_comm, &gpu_event, &t.classify, &t.loads, &PyType_Type,
+                          &t.op_type, &PyTuple_Type, &gpu_cats, &t.max_ts, &t.max_dur, &t.compute,
+                          &t.memory, &t.comm, &t.nan))
+        return NULL;
+    if (!PyType_IsSubtype(t.op_type, &PyTuple_Type)) {
         PyErr_SetString(PyExc_TypeError, "Op must be a tuple type");
         return NULL;
     }
-    PyObject *rest = PyList_New(0), *one = PyFloat_FromDouble(1.0), *minus_one = PyLong_FromLong(-1);
-    Py_ssize_t bad = 0;
-    if (rest == NULL || one == NULL || minus_one == NULL) goto fail;
+    PyObject *rest = PyList_New(0);
+    t.one = PyFloat_FromDouble(1.0);
+    t.minus_one = PyLong_FromLong(-1);
+    if (rest == NULL || t.one == NULL || t.minus_one == NULL) goto fail;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
         PyObject *ev = PyList_GET_ITEM(items, i);
-        if (!PyTuple_CheckExact(ev) || PyTuple_GET_SIZE(ev) != 6) {
+        Py_INCREF(ev); /* held: the callbacks run Python code */
+        int rc = 0;
+        if (PyTuple_CheckExact(ev) && PyTuple_GET_SIZE(ev) == 6) {
+            rc = take_kernel(&t, ev);
+        } else {
             /* a parsed dict: cat = ev.get("cat"); a GPU category goes to gpu_event */
             PyObject *cat = PyDict_Check(ev) ? PyDict_GetItemWithError(ev, CAT_KEY) : NULL;
-            if (cat == NULL && PyErr_Occurred()) goto fail;
-            int gpu_cat = cat == NULL ? 0 : PySequence_Contains(gpu_cats, cat);
-            if (gpu_cat < 0) goto fail;
-            if (gpu_cat) {
+            int gpu_cat = cat == NULL ? (PyErr_Occurred() ? -1 : 0)
+                                      : PySequence_Contains(gpu_cats, cat);
+            if (gpu_cat < 0) {
+                rc = -1;
+            } else if (gpu_cat) {
                 PyObject *r = PyObject_CallFunctionObjArgs(gpu_event, ev, cat, NULL);
-                if (r == NULL) goto fail;
-                Py_DECREF(r);
-            } else if (PyList_Append(rest, ev) < 0) {
-                goto fail;
-            }
-            continue;
-        }
-        PyObject *cat = PyTuple_GET_ITEM(ev, 0), *tsf = PyTuple_GET_ITEM(ev, 1);
-        PyObject *name = PyTuple_GET_ITEM(ev, 3), *corr = PyTuple_GET_ITEM(ev, 4);
-        PyObject *raw_args = PyTuple_GET_ITEM(ev, 5);
-        double ts = PyFloat_AsDouble(tsf), dur = PyFloat_AsDouble(PyTuple_GET_ITEM(ev, 2));
-        if (PyErr_Occurred()) goto fail;
-        if (!(-max_ts <= ts && ts <= max_ts && 0.0 <= dur && dur <= max_dur)) {
-            bad++; /* NaN fails both too */
-            continue;
-        }
-        double end = ts + dur;
-        PyObject *k; /* borrowed */
-        int is_kernel = cat == CAT_KERNEL || PyUnicode_CompareWithASCIIString(cat, "kernel") == 0;
-        if (is_kernel) {
-            k = PyDict_GetItemWithError(klass, name);
-            if (k == NULL) {
-                if (PyErr_Occurred()) goto fail;
-                PyObject *got = PyObject_CallFunctionObjArgs(classify, name, cat, NULL);
-                if (got == NULL) goto fail;
-                int rc = PyDict_SetItem(klass, name, got);
-                Py_DECREF(got);
-                if (rc < 0) goto fail;
-                k = PyDict_GetItemWithError(klass, name);
-                if (k == NULL) goto fail;
-            }
-        } else {
-            k = memory;
-        }
-        int is_compute = PyObject_RichCompareBool(k, compute, Py_EQ);
-        if (is_compute < 0) goto fail;
-        if (is_compute) {
-            PyObject *acc = PyDict_GetItemWithError(names, name);
-            if (acc == NULL) {
-                if (PyErr_Occurred()) goto fail;
-                PyObject *fresh = Py_BuildValue("[dd]", 1.0, end - ts);
-                int rc = fresh == NULL ? -1 : PyDict_SetItem(names, name, fresh);
-                Py_XDECREF(fresh);
-                if (rc < 0) goto fail;
-            } else if (!PyList_CheckExact(acc) || PyList_GET_SIZE(acc) != 2) {
-                PyErr_SetString(PyExc_TypeError, "names values must be [count, total] lists");
-                goto fail;
+                rc = r == NULL ? -1 : 0;
+                Py_XDECREF(r);
             } else {
-                /* acc[0] += 1.0; acc[1] += end - ts, as Python adds them */
-                PyObject *len = PyFloat_FromDouble(end - ts);
-                PyObject *a0 = len == NULL ? NULL : PyNumber_Add(PyList_GET_ITEM(acc, 0), one);
-                PyObject *a1 = a0 == NULL ? NULL : PyNumber_Add(PyList_GET_ITEM(acc, 1), len);
-                Py_XDECREF(len);
-                if (a1 == NULL) {
-                    Py_XDECREF(a0);
-                    goto fail;
-                }
-                PyList_SetItem(acc, 0, a0); /* steals */
-                PyList_SetItem(acc, 1, a1);
-            }
-        } else {
-            int is_comm = PyObject_RichCompareBool(k, comm, Py_EQ);
-            if (is_comm < 0) goto fail;
-            if (is_comm) {
-                PyObject *parsed = raw_args == Py_None ? PyDict_New()
-                                                       : PyObject_CallOneArg(loads, raw_args);
-                PyObject *entry = parsed == NULL ? NULL
-                                  : Py_BuildValue("(nOO)", PyList_GET_SIZE(gpu), name, parsed);
-                Py_XDECREF(parsed);
-                int rc = entry == NULL ? -1 : PyList_Append(raw_comm, entry);
-                Py_XDECREF(entry);
-                if (rc < 0) goto fail;
+                rc = PyList_Append(rest, ev);
             }
         }
-        /* Op(ts, end, k, "", corr, "", -1, False, nan), allocated as tuple.__new__ does */
-        PyObject *endf = PyFloat_FromDouble(end);
-        PyObject *op = endf == NULL ? NULL : op_type->tp_alloc(op_type, 9);
-        if (op == NULL) {
-            Py_XDECREF(endf);
-            goto fail;
-        }
-        PyObject *fields[9] = {tsf, endf, k, EMPTY, corr, EMPTY, minus_one, Py_False, nan};
-        for (int f = 0; f < 9; f++) {
-            if (f != 1) Py_INCREF(fields[f]); /* endf's reference moves into the Op */
-            PyTuple_SET_ITEM(op, f, fields[f]);
-        }
-        int rc = PyList_Append(gpu, op);
-        Py_DECREF(op);
+        Py_DECREF(ev);
         if (rc < 0) goto fail;
     }
-    Py_DECREF(one);
-    Py_DECREF(minus_one);
-    PyObject *out = Py_BuildValue("(Nn)", rest, bad);
-    return out;
+    Py_DECREF(t.one);
+    Py_DECREF(t.minus_one);
+    return Py_BuildValue("(Nn)", rest, t.bad);
 fail:
     Py_XDECREF(rest);
-    Py_XDECREF(one);
-    Py_XDECREF(minus_one);
+    Py_XDECREF(t.one);
+    Py_XDECREF(t.minus_one);
     return NULL;
 }
 
@@ -821,7 +855,7 @@ PyDoc_STRVAR(union_doc,
 typedef struct {
     double a, b;
     Py_ssize_t i;
-    PyObject *lo, *hi; /* borrowed from the caller's pairs */
+    PyObject *lo, *hi; /* held by collect(), released after the merge */
 } run_item;
 
 /* the order of Python's sorted() on (start, end) pairs: by start, then end, then position
@@ -840,25 +874,41 @@ PyDoc_STRVAR(union_any_doc,
 "intervals.union: the pairs sorted by start here (the order among equal starts cannot change\n"
 "the merged runs), then merged as union_sorted does; None when not all pairs of floats or NaN.");
 
+static void release(run_item *items, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_DECREF(items[i].lo);
+        Py_DECREF(items[i].hi);
+    }
+}
+
+/* the pairs' floats, held (merging allocates, and a collection could run any code); 0 when not
+ * all pairs of one kind (sorted() refuses to compare a list with a tuple) holding floats, or a
+ * NaN (no order): the Python code decides */
 static int collect(PyObject *pairs, run_item *items) {
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pairs); i++) {
+    Py_ssize_t n = PyList_GET_SIZE(pairs);
+    int tuples = n > 0 && PyTuple_CheckExact(PyList_GET_ITEM(pairs, 0));
+    for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *it = PyList_GET_ITEM(pairs, i), *a, *b;
-        if (PyTuple_CheckExact(it) && PyTuple_GET_SIZE(it) == 2) {
+        if (tuples && PyTuple_CheckExact(it) && PyTuple_GET_SIZE(it) == 2) {
             a = PyTuple_GET_ITEM(it, 0);
             b = PyTuple_GET_ITEM(it, 1);
-        } else if (PyList_CheckExact(it) && PyList_GET_SIZE(it) == 2) {
+        } else if (!tuples && PyList_CheckExact(it) && PyList_GET_SIZE(it) == 2) {
             a = PyList_GET_ITEM(it, 0);
             b = PyList_GET_ITEM(it, 1);
         } else {
+            release(items, i);
             return 0;
         }
-        if (!PyFloat_CheckExact(a) || !PyFloat_CheckExact(b)) return 0;
-        /* NaN has no order: the Python loop decides */
-        if (PyFloat_AS_DOUBLE(a) != PyFloat_AS_DOUBLE(a)) return 0;
-        if (PyFloat_AS_DOUBLE(b) != PyFloat_AS_DOUBLE(b)) return 0;
+        if (!PyFloat_CheckExact(a) || !PyFloat_CheckExact(b) ||
+            PyFloat_AS_DOUBLE(a) != PyFloat_AS_DOUBLE(a) || PyFloat_AS_DOUBLE(b) != PyFloat_AS_DOUBLE(b)) {
+            release(items, i);
+            return 0;
+        }
         items[i].a = PyFloat_AS_DOUBLE(a);
         items[i].b = PyFloat_AS_DOUBLE(b);
         items[i].i = i;
+        Py_INCREF(a);
+        Py_INCREF(b);
         items[i].lo = a;
         items[i].hi = b;
     }
@@ -879,6 +929,7 @@ static PyObject *union_of(PyObject *args, int sort) {
     }
     if (sort) qsort(items, (size_t)n, sizeof(run_item), by_start);
     PyObject *out = merge(items, n, gap);
+    release(items, n);
     PyMem_Free(items);
     return out;
 }

@@ -177,7 +177,10 @@ class TraceReader:
             if p.find(b'_runtime"', 0, 96) >= 0 or p.find(b'_driver"', 0, 96) >= 0:
                 m = LAUNCH.search(p)
                 if m is not None:
-                    launches[int(m[3])] = (float(m[2]), int(m[1]))
+                    try:
+                        launches[int(m[3])] = (float(m[2]), int(m[1]))
+                    except ValueError:  # a time float() refuses ("1e5e"): this event only
+                        self.bad_events += 1
                     continue
             elif not cpu_ops and p.find(USER_ANNOTATION, 0, 96) >= 0:
                 if STEP_MARK not in p and COMM_MARK.search(p) is None:
@@ -243,6 +246,13 @@ class TraceReader:
         return None
 
     def _finish(self, rest: bytes) -> list[dict[str, Any]]:
+        # the array's end is the "}]" that the top level's own ending follows (a damaged event in
+        # the tail is that event's problem, not a sign that the file was cut)
+        for m in ARRAY_END.finditer(rest):
+            if self._closes(rest[m.end() :]):
+                events = self._parse(SEP.split(rest[: m.start()]))
+                self._trailer(rest[m.end() :])
+                return events
         for m in ARRAY_END.finditer(rest):
             body = rest[: m.start()]
             try:
@@ -265,6 +275,19 @@ class TraceReader:
         except self.codec.json_errors:
             complete = len(parts) // 2
         return self._parse(parts, complete)
+
+    def _closes(self, tail: bytes) -> bool:
+        """Whether ``tail``, what follows a candidate end of the events array, ends the file's
+        top-level object (nothing, ``}``, or more ``"key": value`` members and ``}``)."""
+        text = tail.strip()
+        if text in (b"", b"}"):
+            return True
+        if not text.startswith(b",") or not text.endswith(b"}"):
+            return False
+        try:
+            return isinstance(self.codec.loads(b"{" + text[1:]), dict)
+        except self.codec.json_errors:
+            return False
 
     def _header(self, text: bytes) -> None:
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import os
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,10 +44,7 @@ def summarize(
     """Summarise one trace file; never raises (problems go in the result)."""
     out: dict[str, Any] = {"file": path, "index": index, "status": "ok", "problems": []}
     out["notes"] = []
-    # The map step makes ~100k small containers that never form cycles (refcounting frees
-    # them); the cyclic collector would walk them again and again: ~12% of the CPU here.
-    collecting = gc.isenabled()
-    gc.disable()
+    _pause_gc()
     try:
         _summarize(path, timeline_dir, index, options or Options(), out)
     except TraceError as exc:
@@ -57,9 +55,31 @@ def summarize(
         msg = safe_text(f"{type(exc).__name__}: {exc}", 200)
         out["problems"].append(f"unreadable trace ({msg}); the other files are analysed")
     finally:
-        if collecting:
-            gc.enable()
+        _resume_gc()
     return finite(out)
+
+
+# The map step makes ~100k small containers that never form cycles (refcounting frees them);
+# the cyclic collector would walk them again and again: ~12% of the CPU here. The collector is
+# process-wide: summaries running in several threads share one pause, and the last to finish
+# restores what was there before the first began.
+_GC_LOCK = threading.Lock()
+_gc_state = {"active": 0, "was_enabled": False}
+
+
+def _pause_gc() -> None:
+    with _GC_LOCK:
+        if _gc_state["active"] == 0:
+            _gc_state["was_enabled"] = gc.isenabled()
+            gc.disable()
+        _gc_state["active"] += 1
+
+
+def _resume_gc() -> None:
+    with _GC_LOCK:
+        _gc_state["active"] -= 1
+        if _gc_state["active"] == 0 and _gc_state["was_enabled"]:
+            gc.enable()
 
 
 def _read(path: str, opts: Options) -> tuple[TraceReader, OpBuilder, list[Step], set[int]]:
