@@ -35,7 +35,6 @@ def test_union_matches_the_model(seed: int):
         want = _reference_union(pairs, gap)
         assert iv.union(pairs, gap) == want
         assert iv.union_sorted(iter(sorted(pairs)), gap) == want  # generators too
-        assert iv.union_sorted_py(iter(sorted(pairs)), gap) == want  # the loop without C
         ints = [(int(a), int(b) + 1) for a, b in sorted(pairs)]  # not floats: the Python loop
         assert iv.union_sorted(ints, gap) == _reference_union(ints, gap)
         assert iv.length(want) == sum(b - a for a, b in want)
@@ -50,18 +49,18 @@ def test_union_of_unsorted_pairs_is_the_sorted_union_bit_for_bit(seed: int):
     pairs += [(0.0, 1.0), (-0.0, 2.0), (-0.0, 1.0), (5.0, 5.0), (5.0, 5.0)]
     rng.shuffle(pairs)
     for gap in (0.0, 0.5):
-        want = iv.union_sorted_py(sorted(pairs), gap)
+        want = iv.union_sorted(sorted(pairs), gap)
         assert repr(iv.union(pairs, gap)) == repr(want)
         assert repr(iv.union(iter(pairs), gap)) == repr(want)
     nan = [(1.0, float("nan")), (1.0, 2.0)]  # no order (and its runs differ): Python decides
-    assert repr(iv.union(nan)) == repr(iv.union_sorted_py(sorted(nan)))
+    assert repr(iv.union(nan)) == repr(iv.union_sorted(sorted(nan)))
 
 
 def test_the_c_union_is_used_where_built():
     from titan_trace_analysis import fastpath
 
     built = fastpath.native_scan() is not None
-    assert (iv._native is not None) == built and (iv._any is not None) == built
+    assert (iv._any is not None) == built
 
 
 def test_union_of_nothing_and_of_one():

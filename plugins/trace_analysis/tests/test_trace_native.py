@@ -358,10 +358,11 @@ def test_hta_real_traces_summarise_the_same():
 
 
 def _built(path: Path, take: Any, block: int) -> tuple:
-    """Everything OpBuilder keeps after taking every batch of ``path``."""
+    """Everything OpBuilder keeps after taking every batch of ``path``: with ``take``, the
+    native reader's records; without, the Python reader's dicts through ``gpu_event``."""
     b = OpBuilder(take)
     rest = []
-    for batch in TraceReader(str(path), native=True, block=block).records():
+    for batch in TraceReader(str(path), native=take is not None, block=block).records():
         rest += b.batch(batch)
     state = (b.gpu, sorted(b.names.items()), sorted(b._klass.items()), b.raw_comm, b.bad_times)
     return repr(state), json.dumps(rest, sort_keys=True)
@@ -369,8 +370,9 @@ def _built(path: Path, take: Any, block: int) -> tuple:
 
 @needs_native
 def test_the_native_builder_loop_builds_what_the_python_loop_builds(tmp_path: Path):
-    """``_native.take`` (OpBuilder.batch in C): the same Ops (repr: bit for bit), names totals,
-    kernel classes, communication args, bad-time count and leftover events, in the same order."""
+    """``_native.take`` on the native reader's records against the Python reader's dicts
+    through ``gpu_event``: the same Ops (repr: bit for bit), names totals, kernel classes,
+    communication args, bad-time count and leftover events, in the same order."""
     take = fastpath.native_take()
     files = []
     for seed in range(4):
@@ -392,7 +394,7 @@ import json, sys
 sys.modules["titan_trace_analysis._native"] = None  # import -> ImportError: built without a compiler
 from titan_trace_analysis import fastpath, intervals
 from titan_trace_analysis.summarize import summarize
-assert fastpath.native_scan() is None and intervals._native is None, fastpath.reader_name()
+assert fastpath.native_scan() is None and intervals._any is None, fastpath.reader_name()
 print(json.dumps({"reader": fastpath.reader_name(), "summary": summarize(sys.argv[1])}))
 """
 

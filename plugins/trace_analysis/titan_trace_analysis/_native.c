@@ -2,8 +2,7 @@
  * compiler at install) and as the reference the tests compare it with:
  *   scan          reader.TraceReader._parse: events of the traceEvents text
  *   take          ops.OpBuilder.batch: GPU events into Ops
- *   union_sorted  intervals.union_sorted_py
- *   union_any     intervals.union (sorted here)
+ *   union_any     intervals.union: sorted() + intervals.union_sorted
  *   assign        steps.assign_py
  *
  * scan cuts the decompressed text into events, keeps the wanted ones, reads launch calls and
@@ -845,12 +844,7 @@ fail:
     return NULL;
 }
 
-/* ---- interval union (intervals.union_sorted, in C) ---- */
-
-PyDoc_STRVAR(union_doc,
-"union_sorted(pairs: list, gap: float) -> list[list[float]] or None\n\n"
-"intervals.union_sorted for a list of (start, end) pairs of floats sorted by start; None when\n"
-"an item is not a pair of floats or holds NaN (the Python loop then runs).");
+/* ---- interval union (intervals.union, in C) ---- */
 
 typedef struct {
     double a, b;
@@ -915,8 +909,7 @@ static int collect(PyObject *pairs, run_item *items) {
     return 1;
 }
 
-/* both unions: the pairs' floats collected, sorted when `sort`, merged */
-static PyObject *union_of(PyObject *args, int sort) {
+static PyObject *union_any(PyObject *self, PyObject *args) {
     PyObject *pairs;
     double gap;
     if (!PyArg_ParseTuple(args, "O!d", &PyList_Type, &pairs, &gap)) return NULL;
@@ -927,18 +920,14 @@ static PyObject *union_of(PyObject *args, int sort) {
         PyMem_Free(items);
         Py_RETURN_NONE;
     }
-    if (sort) qsort(items, (size_t)n, sizeof(run_item), by_start);
+    qsort(items, (size_t)n, sizeof(run_item), by_start);
     PyObject *out = merge(items, n, gap);
     release(items, n);
     PyMem_Free(items);
     return out;
 }
 
-static PyObject *union_any(PyObject *self, PyObject *args) { return union_of(args, 1); }
-
-static PyObject *union_sorted(PyObject *self, PyObject *args) { return union_of(args, 0); }
-
-/* union_sorted's loop over items sorted by start (the same float objects in the runs) */
+/* intervals.union_sorted's loop over items sorted by start (the same float objects in the runs) */
 static PyObject *merge(run_item *items, Py_ssize_t n, double gap) {
     PyObject *out = PyList_New(0);
     if (out == NULL || n == 0) return out;
@@ -1044,7 +1033,6 @@ fail:
 
 static PyMethodDef methods[] = {
     {"assign", assign, METH_VARARGS, assign_doc},
-    {"union_sorted", union_sorted, METH_VARARGS, union_doc},
     {"union_any", union_any, METH_VARARGS, union_any_doc},
     {"scan", scan, METH_VARARGS, scan_doc},
     {"take", take, METH_VARARGS, take_doc},

@@ -7,11 +7,10 @@ from collections.abc import Iterable
 
 Interval = tuple[float, float]
 
-try:  # the same loops in C where the native extension is built (tested equal)
+try:  # sorted() + union_sorted in C where the native extension is built (tested equal)
     from titan_trace_analysis._native import union_any as _any
-    from titan_trace_analysis._native import union_sorted as _native
 except ImportError:  # pragma: no cover - built without a C compiler
-    _native = _any = None
+    _any = None
 
 
 def union(intervals: Iterable[Interval], gap: float = 0.0) -> list[list[float]]:
@@ -21,24 +20,12 @@ def union(intervals: Iterable[Interval], gap: float = 0.0) -> list[list[float]]:
         got = _any(pairs, gap)  # sorts by start in C: ties in any order merge the same
         if got is not None:
             return got
-        intervals = pairs
+        intervals = pairs  # not all pairs of floats, or a NaN: the Python loop decides
     return union_sorted(sorted(intervals), gap)
 
 
 def union_sorted(intervals: Iterable[Interval], gap: float = 0.0) -> list[list[float]]:
     """:func:`union` of intervals already sorted by start."""
-    if _native is not None:
-        pairs = intervals if type(intervals) is list else list(intervals)
-        got = _native(pairs, gap)
-        if got is not None:
-            return got
-        intervals = pairs  # not all pairs of floats: the Python loop decides
-    return union_sorted_py(intervals, gap)
-
-
-def union_sorted_py(intervals: Iterable[Interval], gap: float = 0.0) -> list[list[float]]:
-    """:func:`union_sorted`'s Python loop (where the extension is not built, or for pairs that
-    are not all floats)."""
     out: list[list[float]] = []
     it = iter(intervals)
     first = next(it, None)

@@ -4,11 +4,11 @@ The decompressed text is cut into one piece per event at the ``}, {`` boundaries
 objects of ``traceEvents``.  The native scanner (``_native.c``, built at install where a C
 compiler exists) runs the loop below in C and hands GPU events over as tuples of their fields
 (``records``); what it cannot vouch for it leaves to this module's loop, which is also the
-fallback where it is not built and the reference the tests compare it with.  In that loop, one regex per piece (run by ``filter``, in C) keeps the GPU ops,
-launch calls and user annotations.  Launch calls (``cudaLaunchKernel`` ...) are read by two
-small regexes for their (thread, time, correlation) without a JSON parse; of the annotations
-only ``ProfilerStep#N`` and communication titles (``nccl:send 0->1``, ``gloo:recv``,
-``titan.p2p:recv_forward``, ...) are parsed.  Traces without GPU events are read a second time
+fallback where it is not built and the reference the tests compare it with.  In that loop, one
+regex per piece (run by ``filter``, in C) keeps the GPU ops, launch calls and user annotations.
+Launch calls (``cudaLaunchKernel`` ...) are read by two small regexes for their (thread, time,
+correlation) without a JSON parse; of the annotations only ``ProfilerStep#N`` and communication
+titles (``nccl:send 0->1``, ``gloo:recv``, ``titan.p2p:recv_forward``, ...) are parsed.  Traces without GPU events are read a second time
 for their CPU ops.  The CPU-side bulk of a GPU trace therefore costs one regex search an event.
 
 A piece that fails to parse (a ``}, {`` inside a string) is retried joined with its neighbours;
