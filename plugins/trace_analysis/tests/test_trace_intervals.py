@@ -68,3 +68,29 @@ def test_union_of_nothing_and_of_one():
     assert iv.union([(2.0, 3.0)]) == [[2.0, 3.0]]
     assert iv.union([(1.0, 2.0), (2.0, 3.0), (3.5, 4.0)]) == [[1.0, 3.0], [3.5, 4.0]]
     assert iv.union([(1.0, 2.0), (2.4, 3.0)], gap=0.5) == [[1.0, 3.0]]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_union_of_op_heads_is_the_union_of_their_pairs_bit_for_bit(seed: int):
+    """``union_heads`` reads (start, end) from the first two fields of each op in C: the same
+    runs as the union of the sliced pairs, ties, -0.0 and the Python fallback included."""
+    from titan_trace_analysis.ops import Op
+
+    rng = random.Random(seed)
+    pairs = _random_pairs(rng, rng.randint(1, 300)) + [(0.0, 1.0), (-0.0, 2.0), (5.0, 5.0)]
+    rng.shuffle(pairs)
+    ops = [Op(a, b, rng.randint(0, 2), "", None, "", -1) for a, b in pairs]
+    for gap in (0.0, 0.5):
+        want = repr(iv.union_sorted(sorted(pairs), gap))
+        assert repr(iv.union_heads(ops, gap)) == want
+        assert repr(iv.union_heads([(a, b, "x") for a, b in pairs], gap)) == want  # plain tuples
+    # what the C code declines (an int time, a NaN, a short item) goes through iv.union
+    mixed = [*ops, Op(3, 4.0, 0, "", None, "", -1)]
+    assert iv.union_heads(mixed) == iv.union([o[:2] for o in mixed])
+    nan = [*ops, Op(1.0, float("nan"), 0, "", None, "", -1)]
+    assert repr(iv.union_heads(nan)) == repr(iv.union([o[:2] for o in nan]))
+    with pytest.raises(ValueError):  # a one-field item: the same error as unpacking its slice
+        iv.union_heads([(1.0,)])
+    if iv._any is not None:  # the C path takes ops (no Python fallback on this input)
+        assert iv._any(ops, 0.0, True) is not None
+        assert iv._any([(1.0,)], 0.0, True) is None

@@ -864,9 +864,10 @@ static int by_start(const void *x, const void *y) {
 static PyObject *merge(run_item *items, Py_ssize_t n, double gap);
 
 PyDoc_STRVAR(union_any_doc,
-"union_any(pairs: list, gap: float) -> list[list[float]] or None\n\n"
+"union_any(pairs: list, gap: float, heads: bool = False) -> list[list[float]] or None\n\n"
 "intervals.union: the pairs sorted by start here (the order among equal starts cannot change\n"
-"the merged runs), then merged as union_sorted does; None when not all pairs of floats or NaN.");
+"the merged runs), then merged as union_sorted does; None when not all pairs of floats or NaN.\n"
+"heads: the items are tuples (Ops) whose first two fields are the pair (intervals.union_heads).");
 
 static void release(run_item *items, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -878,12 +879,18 @@ static void release(run_item *items, Py_ssize_t n) {
 /* the pairs' floats, held (merging allocates, and a collection could run any code); 0 when not
  * all pairs of one kind (sorted() refuses to compare a list with a tuple) holding floats, or a
  * NaN (no order): the Python code decides */
-static int collect(PyObject *pairs, run_item *items) {
+static int collect(PyObject *pairs, run_item *items, int heads) {
     Py_ssize_t n = PyList_GET_SIZE(pairs);
     int tuples = n > 0 && PyTuple_CheckExact(PyList_GET_ITEM(pairs, 0));
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *it = PyList_GET_ITEM(pairs, i), *a, *b;
-        if (tuples && PyTuple_CheckExact(it) && PyTuple_GET_SIZE(it) == 2) {
+        if (heads && PyTuple_Check(it) && PyTuple_GET_SIZE(it) >= 2) {
+            a = PyTuple_GET_ITEM(it, 0);
+            b = PyTuple_GET_ITEM(it, 1);
+        } else if (heads) {
+            release(items, i);
+            return 0;
+        } else if (tuples && PyTuple_CheckExact(it) && PyTuple_GET_SIZE(it) == 2) {
             a = PyTuple_GET_ITEM(it, 0);
             b = PyTuple_GET_ITEM(it, 1);
         } else if (!tuples && PyList_CheckExact(it) && PyList_GET_SIZE(it) == 2) {
@@ -912,11 +919,12 @@ static int collect(PyObject *pairs, run_item *items) {
 static PyObject *union_any(PyObject *self, PyObject *args) {
     PyObject *pairs;
     double gap;
-    if (!PyArg_ParseTuple(args, "O!d", &PyList_Type, &pairs, &gap)) return NULL;
+    int heads = 0;
+    if (!PyArg_ParseTuple(args, "O!d|p", &PyList_Type, &pairs, &gap, &heads)) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(pairs);
     run_item *items = PyMem_Malloc((size_t)(n + 1) * sizeof(run_item));
     if (items == NULL) return PyErr_NoMemory();
-    if (!collect(pairs, items)) {
+    if (!collect(pairs, items, heads)) {
         PyMem_Free(items);
         Py_RETURN_NONE;
     }

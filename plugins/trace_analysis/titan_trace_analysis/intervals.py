@@ -24,6 +24,16 @@ def union(intervals: Iterable[Interval], gap: float = 0.0) -> list[list[float]]:
     return union_sorted(sorted(intervals), gap)
 
 
+def union_heads(items: list[tuple], gap: float = 0.0) -> list[list[float]]:
+    """:func:`union` of the ``(start, end)`` heads of tuples such as ops (``op[:2]``), without
+    building the pairs: the map step unions every op of a rank several times."""
+    if _any is not None:
+        got = _any(items, gap, True)
+        if got is not None:
+            return got
+    return union([t[:2] for t in items], gap)
+
+
 def union_sorted(intervals: Iterable[Interval], gap: float = 0.0) -> list[list[float]]:
     """:func:`union` of intervals already sorted by start."""
     out: list[list[float]] = []

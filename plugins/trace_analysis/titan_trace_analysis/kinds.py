@@ -13,6 +13,7 @@ traffic cannot be told apart without the args or the title.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 COMM_NAME = re.compile(r"^(?:nccl|rccl|mccl)\w*Kernel|^(?:nccl|mccl|rccl)[A-Z]\w*(?:Kernel|_)")
 MEMORY_NAME = re.compile(r"^(?:Memcpy|Memset|dma)")
@@ -58,6 +59,9 @@ def kernel_class(name: str, cat: str) -> int:
     return COMPUTE
 
 
+# A rank's ~4k communication kernels and titles carry a few dozen distinct names: the two
+# classifiers below are pure functions of their strings, so they are memoised (bounded).
+@lru_cache(maxsize=4096)
 def comm_kind(name: str, collective: str, pg_desc: str) -> str:
     """Kind of one communication op from its collective name, PG description and kernel name."""
     coll = collective.lower().lstrip("_")
@@ -78,6 +82,7 @@ def comm_kind(name: str, collective: str, pg_desc: str) -> str:
     return OTHER_COMM
 
 
+@lru_cache(maxsize=4096)
 def title_parts(title: str) -> tuple[tuple[str, Peer], ...] | None:
     """(kind, peer) of each transfer a CPU-side communication title stands for, or None.
 

@@ -84,9 +84,9 @@ def one_step(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Figures and timeline of one step whose device window is [w0, w1]."""
     compute = [o for o in ops if o[2] == COMPUTE]  # o.klass
-    comp = iv.clip(iv.union([o[:2] for o in compute]), w0, w1)
+    comp = iv.clip(iv.union_heads(compute), w0, w1)
     comm = [o for o in ops if o[2] == COMM]
-    comm_u = iv.clip(iv.union([o[:2] for o in comm]), w0, w1)
+    comm_u = iv.clip(iv.union_heads(comm), w0, w1)
     by_kind: dict[str, float] = {}
     for o in comm:
         if not o.twin:
@@ -94,7 +94,9 @@ def one_step(
     busy = iv.length(comp)
     overlap = iv.overlap(comm_u, comp)
     # unknown when transfers could not be told apart (SendRecv kernels without args or titles)
-    bubble = None if any(o.kind == P2P for o in comm) else bubbles(ops, w0, w1, launches or {})
+    bubble = (
+        None if any(o.kind == P2P for o in comm) else bubbles(compute, comm, w0, w1, launches or {})
+    )
     stat: dict[str, Any] = {
         "win": [w0, w1],
         "window_us": w1 - w0,
@@ -105,7 +107,7 @@ def one_step(
         "comm_busy_us": iv.length(comm_u),
         "overlap_us": overlap,
         "exposed_comm_us": iv.length(comm_u) - overlap,
-        "memory_us": sum(o.end - o.start for o in ops if o.klass not in (COMPUTE, COMM)),
+        "memory_us": sum([o[1] - o[0] for o in ops if o[2] != COMPUTE and o[2] != COMM]),
         # compute stream waiting on a pipeline receive (see bubble.py)
         "bubble_us": None if bubble is None else sum(b - a for a, b in bubble),
     }
@@ -128,10 +130,10 @@ def temporal(ops: list[Op]) -> dict[str, float]:
     """HTA's temporal breakdown of a set of ops: idle / compute / non-compute over their span."""
     if not ops:
         return {"span_us": 0.0, "idle_us": 0.0, "compute_us": 0.0, "non_compute_us": 0.0}
-    every = iv.union([o[:2] for o in ops])  # (start, end)
+    every = iv.union_heads(ops)  # (start, end)
     span = every[-1][1] - every[0][0]
     idle = span - iv.length(every)
-    compute = iv.length(iv.union([o[:2] for o in ops if o[2] == COMPUTE]))  # o.klass
+    compute = iv.length(iv.union_heads([o for o in ops if o[2] == COMPUTE]))  # o.klass
     return {
         "span_us": span,
         "idle_us": idle,
