@@ -389,6 +389,33 @@ def test_the_native_builder_loop_builds_what_the_python_loop_builds(tmp_path: Pa
         assert "Op(start=" in python[0]  # something was built
 
 
+@needs_native
+def test_kernel_names_are_shared_and_exact_past_the_name_cache(tmp_path: Path):
+    """The scanner hands out one str per kernel name (a bounded cache in C): 3000 distinct
+    names (three times its slots: replacements), names of 1 to 5000 bytes (past its size
+    limit) and repeats read exactly as the Python loop reads them; repeats of a cached name
+    are the same object."""
+    rng = random.Random(7)
+    names = [f"k{i}_" + "x" * rng.choice([0, 5, 300, 2047, 2048, 2049, 5000]) for i in range(3000)]
+    order = names + [rng.choice(names) for _ in range(3000)]
+    events = [f'{{"ph": "X", "cat": "kernel", "name": "{n}", "pid": 1, "tid": 7, "ts": {i}.5, '
+              f'"dur": 2, "args": {{"correlation": {i}}}}}' for i, n in enumerate(order)]  # fmt: skip
+    path = _write(tmp_path / "names.json", ('{"traceEvents": [' + ", ".join(events) + "]}").encode(),
+                  gz=False)  # fmt: skip
+    _same(path, None)
+    _same(path, 4096)  # names cut across reads
+    items = [ev for batch in TraceReader(str(path), native=True).records() for ev in batch]
+    assert sum(type(ev) is tuple for ev in items) > 5000  # the scanner read them, not Python
+    assert [ev[3] if type(ev) is tuple else ev["name"] for ev in items] == order
+    repeated = '"ph": "X", "cat": "kernel", "name": "gemm", "pid": 1, "tid": 7, "ts": 1, "dur": 1'
+    path = _write(tmp_path / "same.json",
+                  ('{"traceEvents": [' + ", ".join(["{" + repeated + "}"] * 3000) + "]}").encode(),
+                  gz=False)  # fmt: skip
+    got = [ev[3] for batch in TraceReader(str(path), native=True).records() for ev in batch
+           if type(ev) is tuple]  # fmt: skip
+    assert len(got) > 2000 and len({id(n) for n in got}) == 1 and got[0] == "gemm"
+
+
 WITHOUT_EXTENSION = """
 import json, sys
 sys.modules["titan_trace_analysis._native"] = None  # import -> ImportError: built without a compiler

@@ -21,6 +21,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 #include <string.h>
 
 static PyObject *CAT_KERNEL, *CAT_MEMCPY, *CAT_MEMSET, *EMPTY, *CAT_KEY;
@@ -480,6 +481,44 @@ static int number_value(const jval *v, double *out) {
     return 0;
 }
 
+/* Kernel names as str, reused: a rank launches ~30k kernels under a few hundred names of up to
+ * ~1 KB each. Handing out one str per name spares a decode and a free per kernel, and the op
+ * builder's dict lookups by name then match by identity (no siphash, no memcmp of the name).
+ * A direct-mapped cache of NAME_SLOTS names up to NAME_BYTES bytes (~2 MB at most), per process;
+ * the GIL guards it. */
+#define NAME_SLOTS 1024
+#define NAME_BYTES 2048
+static struct {
+    uint64_t h;
+    PyObject *s;
+} NAMES[NAME_SLOTS];
+
+static PyObject *name_str(const char *s, Py_ssize_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n, w;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) { /* 8 bytes a step: the names are long */
+        memcpy(&w, s + i, 8);
+        h = (h ^ w) * 0x100000001B3ULL;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++) h = (h ^ (unsigned char)s[i]) * 0x100000001B3ULL;
+    int cached = n <= NAME_BYTES;
+    size_t at = (size_t)(h ^ (h >> 32)) & (NAME_SLOTS - 1);
+    PyObject *hit = NAMES[at].s;
+    if (cached && hit != NULL && NAMES[at].h == h && PyUnicode_GET_LENGTH(hit) == n &&
+        memcmp(PyUnicode_DATA(hit), s, (size_t)n) == 0) {
+        Py_INCREF(hit);
+        return hit;
+    }
+    PyObject *str = PyUnicode_DecodeASCII(s, n, NULL);
+    if (str != NULL && cached && PyUnicode_IS_COMPACT_ASCII(str)) {
+        Py_INCREF(str);
+        NAMES[at].h = h;
+        Py_XSETREF(NAMES[at].s, str); /* the name it replaces is released */
+    }
+    return str;
+}
+
 /* The fields of one GPU event: (cat, ts, dur, name, corr, args JSON bytes or None), as
  * ops.OpBuilder.gpu_event would take them from orjson's dict; Py_None when this parser cannot
  * vouch for that (Python parses the piece); NULL on a Python error. */
@@ -512,7 +551,7 @@ static PyObject *gpu_fields(const char *p, const char *e) {
     if (ps.name.type == J_NONE) {
         item = EMPTY;
         Py_INCREF(item);
-    } else if ((item = PyUnicode_DecodeASCII(ps.name.s, ps.name.e - ps.name.s, NULL)) == NULL) {
+    } else if ((item = name_str(ps.name.s, ps.name.e - ps.name.s)) == NULL) {
         goto fail;
     }
     PyTuple_SET_ITEM(out, 3, item);
