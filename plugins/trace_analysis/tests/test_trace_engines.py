@@ -58,3 +58,34 @@ def test_local_pool_keeps_input_order_and_reports_progress(tmp_path: Path, capsy
     out = run_map(list(reversed(paths)), None, engine="local", workers=2, progress=True)
     assert [s["file"] for s in out] == list(reversed(paths))
     assert "4/4" in capsys.readouterr().err
+
+
+START_METHOD = """
+import threading, time
+from titan_trace_analysis.engine import start_method
+alone = start_method()
+t = threading.Thread(target=time.sleep, args=(1,))
+t.start()
+print(alone, start_method())
+"""
+
+
+def test_pool_workers_fork_only_from_a_single_threaded_process():
+    """The command (one thread) forks its workers; a process running other threads (a training
+    job calling the analysis) starts them from a fork server."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", START_METHOD], capture_output=True, text=True,
+                          timeout=120, check=True)  # fmt: skip
+    assert done.stdout.split() == ["fork", "forkserver"]
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_both_start_methods_give_the_same_summaries(tmp_path: Path, monkeypatch, method: str):
+    from titan_trace_analysis import engine
+    from titan_trace_analysis.summarize import summarize
+
+    paths = _small_set(tmp_path / "t")
+    monkeypatch.setattr(engine, "start_method", lambda: method)
+    pooled = run_map(paths, None, engine="local", workers=2, progress=False)
+    assert _comparable(pooled) == _comparable([summarize(p, None, i) for i, p in enumerate(paths)])
