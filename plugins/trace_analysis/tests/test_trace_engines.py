@@ -42,7 +42,7 @@ def test_ray_engine_matches_local_pool(tmp_path: Path):
     assert [s.get("rank") for s in remote] == [0, 1, 2, 3]
     assert _comparable(remote) == _comparable(local)
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [
-        f"tl-{i}.json"
+        f"tl-{i}.tl"
         for i in range(4)  # named by input position, never by the trace's rank
     ]
 

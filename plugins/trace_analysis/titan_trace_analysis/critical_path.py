@@ -16,7 +16,7 @@ from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from typing import Any
 
-from .fastpath import loads
+from . import timeline_file
 from .kinds import PP_RECV, PP_SEND
 
 EPS = 0.5  # us; Kineto timestamps are 1 us (older) or 1 ns resolution
@@ -67,8 +67,7 @@ class Timelines:
         tl = None
         path = self.paths.get(rank)
         if path:
-            with open(path, "rb") as fh:
-                raw = loads(fh.read())
+            raw = timeline_file.read_steps(path, [self.step])
             for k, v in raw["keys"].items():
                 self.keys.setdefault(k, v)
             if self.step in raw["steps"]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from statistics import mean, median
 from typing import Any
 
-from .fastpath import loads
+from . import timeline_file
 from .kinds import PP_RECV, PP_SEND
 
 MAX_PEERS = 64
@@ -25,12 +25,11 @@ MAX_REFERENCE = 16  # ranks outside X's groups loaded to learn the typical last-
 def _load(path: str, steps: list[str]) -> dict[str, Any] | None:
     """The group keys and, for ``steps`` only, the communication ops of one timeline."""
     try:
-        with open(path, "rb") as fh:
-            tl = loads(fh.read())
+        tl = timeline_file.read_steps(path, steps)
     except (OSError, ValueError):
         return None
-    kept = {k: {"ops": tl["steps"][k]["ops"]} for k in steps if k in tl.get("steps", {})}
-    return {"keys": tl.get("keys", {}), "steps": kept}
+    kept = {k: {"ops": v["ops"]} for k, v in tl["steps"].items()}
+    return {"keys": tl["keys"], "steps": kept}
 
 
 def infer(

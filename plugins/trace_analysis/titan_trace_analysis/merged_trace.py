@@ -13,7 +13,8 @@ import json
 from itertools import chain
 from typing import Any
 
-from .fastpath import dumps, loads
+from . import timeline_file
+from .fastpath import dumps
 from .kinds import COMM_KINDS
 from .safe import finite
 
@@ -59,8 +60,7 @@ def _rank_events(r: int, path: str | None, step: str, t0: float, stage: dict) ->
         )
     if not path:
         return events
-    with open(path, "rb") as fh:
-        tl = loads(fh.read())["steps"].get(step)
+    tl = timeline_file.read_step(path, step)
     if not tl:
         return events
 

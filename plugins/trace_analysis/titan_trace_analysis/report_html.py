@@ -7,7 +7,7 @@ from __future__ import annotations
 from statistics import median
 from typing import Any
 
-from .fastpath import loads
+from . import timeline_file
 from .html_charts import COLORS, bars, esc, heatmap, lanes, legend
 
 CSS = (
@@ -67,8 +67,7 @@ def _step_timeline(report: dict[str, Any]) -> str:
     stage = {int(r): v for r, v in report.get("stage_of", {}).items()}
     rows = []
     for r in sorted(timelines, key=lambda r: (stage.get(int(r), 0), int(r)))[:TIMELINE_RANKS]:
-        with open(timelines[r], "rb") as fh:
-            tl = loads(fh.read())["steps"].get(step)
+        tl = timeline_file.read_step(timelines[r], step)
         if not tl:
             continue
         segs = [("compute", tl["comp"][i], tl["comp"][i + 1]) for i in range(0, len(tl["comp"]), 2)]

@@ -16,8 +16,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from . import timeline_file
 from .cpu_trace import cpu_ops
-from .fastpath import dumps, native_take
+from .fastpath import native_take
 from .header import Identity, identity
 from .ops import Labeller, OpBuilder, label_gpu, times
 from .reader import TraceError, TraceReader
@@ -168,10 +169,9 @@ def _summarize(
     if out["problems"] and out["status"] == "ok":
         out["status"] = "partial"
     if timeline_dir is not None and timeline and ident.rank is not None:
-        tl_path = os.path.join(timeline_dir, f"tl-{index}.json")
-        with open(tl_path, "wb") as fh:
-            # internal file; its times come from validated (finite) inputs
-            fh.write(dumps({"rank": ident.rank, "keys": lab.members, "steps": timeline}))
+        tl_path = os.path.join(timeline_dir, f"tl-{index}{timeline_file.SUFFIX}")
+        # internal file; its times come from validated (finite) inputs
+        timeline_file.write(tl_path, ident.rank, lab.members, timeline)
         out["timeline"] = tl_path
 
 
