@@ -63,21 +63,22 @@ def test_local_pool_keeps_input_order_and_reports_progress(tmp_path: Path, capsy
 START_METHOD = """
 import threading, time
 from titan_trace_analysis.engine import start_method
-alone = start_method()
+alone, many = start_method(128, 2), start_method(129, 2)  # 64 files per worker at most
 t = threading.Thread(target=time.sleep, args=(1,))
 t.start()
-print(alone, start_method())
+print(alone, many, start_method())
 """
 
 
 def test_pool_workers_fork_only_from_a_single_threaded_process():
     """The command (one thread) forks its workers; a process running other threads (a training
-    job calling the analysis) starts them from a fork server."""
+    job calling the analysis), or a run long enough that the pool replaces workers from its own
+    threads, starts them from a fork server."""
     import subprocess
 
     done = subprocess.run([sys.executable, "-c", START_METHOD], capture_output=True, text=True,
                           timeout=120, check=True)  # fmt: skip
-    assert done.stdout.split() == ["fork", "forkserver"]
+    assert done.stdout.split() == ["fork", "forkserver", "forkserver"]
 
 
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
@@ -86,6 +87,6 @@ def test_both_start_methods_give_the_same_summaries(tmp_path: Path, monkeypatch,
     from titan_trace_analysis.summarize import summarize
 
     paths = _small_set(tmp_path / "t")
-    monkeypatch.setattr(engine, "start_method", lambda: method)
+    monkeypatch.setattr(engine, "start_method", lambda *_: method)
     pooled = run_map(paths, None, engine="local", workers=2, progress=False)
     assert _comparable(pooled) == _comparable([summarize(p, None, i) for i, p in enumerate(paths)])

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from titan_trace_analysis import timeline_file
+import pytest
+from titan_trace_analysis import lateness, timeline_file
 
 
 def _steps() -> dict:
@@ -51,3 +52,27 @@ def test_no_steps(tmp_path: Path):
     path = str(tmp_path / "tl-2.tl")
     timeline_file.write(path, 0, {}, {})
     assert timeline_file.read_steps(path) == {"rank": 0, "keys": {}, "steps": {}}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b'{"rank": 0, "keys": {}, "steps": {"1": {"ops": []}}}',  # the previous whole-file layout
+        b"[1, 2]\n",
+        b'{"format": 1, "rank": 0, "keys": {}}\n',
+        b'{"format": 1, "rank": 0, "keys": {}, "index": {"1": [0]}}\n{}',
+        b'{"format": 1, "rank": 0, "keys": {}, "index": {"1": ["0", 2]}}\n{}',
+        b'{"format": 1, "rank": 0, "keys": {}, "index": {"1": [0, -1]}}\n{}',
+        b'{"format": 1, "rank": 0, "keys": {}, "index": ["1"]}\n{}',
+        b'{"format": 1, "rank": 0, "keys": {}, "index": {"1": [0, 1]}}\n7',  # a step, not a dict
+        b'{"format": 2, "rank": 0, "keys": {}, "index": {}}\n',
+    ],
+)
+def test_a_file_of_another_layout_or_damaged_is_refused_with_value_error(tmp_path: Path, text):
+    """Readers of a damaged timeline catch ValueError (lateness skips that rank): a file in
+    another layout or with a bad header never becomes a KeyError / TypeError mid-analysis."""
+    path = tmp_path / "tl-3.tl"
+    path.write_bytes(text)
+    with pytest.raises(ValueError):
+        timeline_file.read_steps(str(path), ["1"])
+    assert lateness._load(str(path), ["1"]) is None

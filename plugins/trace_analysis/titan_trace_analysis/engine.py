@@ -57,13 +57,20 @@ def _tasks(paths: list[str], timeline_dir: str | None, options: Options | None) 
     return [(p, timeline_dir, i, options or Options()) for i, p in enumerate(paths)]
 
 
-def start_method() -> str:
+TASKS_PER_WORKER = 64  # a worker is replaced after this many files (bounds its heap's growth)
+
+
+def start_method(files: int = 1, workers: int = 1) -> str:
     """How pool workers start: ``fork`` from a process running one thread (the ``titan-trace``
     command: workers inherit its imports, ~0.2 CPU-s less than a fork server's interpreter per
-    run), else ``forkserver`` (a library call from a training process, whose native threads a
-    fork could copy mid-lock); ``spawn`` on macOS."""
+    run) when no worker will be replaced; else ``forkserver``: a library call from a training
+    process (its native threads), and runs of more than TASKS_PER_WORKER files per worker, whose
+    replacement workers the pool starts from its own thread while its other threads run (a fork
+    then could copy a lock held mid-operation); ``spawn`` on macOS."""
     if sys.platform == "darwin":
         return "spawn"
+    if files > TASKS_PER_WORKER * workers:
+        return "forkserver"
     try:
         threads = len(os.listdir("/proc/self/task"))  # native threads too, not only Python's
     except OSError:
@@ -81,10 +88,10 @@ def map_local(
     if n == 1:
         yield from map(_task, tasks)
         return
-    ctx = mp.get_context(start_method())
+    ctx = mp.get_context(start_method(len(paths), n))
     if ctx.get_start_method() == "forkserver":
         ctx.set_forkserver_preload([__name__])  # workers fork with the parser imported
-    with ctx.Pool(n, maxtasksperchild=64) as pool:
+    with ctx.Pool(n, maxtasksperchild=TASKS_PER_WORKER) as pool:
         yield from pool.imap_unordered(_task, tasks, chunksize=1)
 
 

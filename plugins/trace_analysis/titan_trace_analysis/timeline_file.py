@@ -6,7 +6,7 @@ visits, the merged trace and the HTML once per rank for one step.  Keeping them 
 the parent's memory flat in ranks; storing each step as its own JSON blob behind an index means
 a reader parses only the step it asks for (before, every read parsed every step).
 
-Layout: one line of JSON, ``{"rank", "keys", "index": {step: [offset, length]}}``, then the
+Layout: one line of JSON, ``{"format", "rank", "keys", "index": {step: [offset, length]}}``, then the
 steps' JSON blobs back to back (offsets count from the byte after that line).  Both JSON
 writers used here escape newlines inside strings, so the first newline ends the header.
 """
@@ -18,6 +18,7 @@ from typing import Any
 from .fastpath import dumps, loads
 
 SUFFIX = ".tl"
+FORMAT = 1  # in the header: a file of another layout (another version's) is refused, not misread
 
 
 def write(path: str, rank: int, keys: dict[str, Any], steps: dict[str, Any]) -> None:
@@ -28,7 +29,7 @@ def write(path: str, rank: int, keys: dict[str, Any], steps: dict[str, Any]) -> 
         index[k] = [offset, len(blob)]
         offset += len(blob)
     with open(path, "wb") as fh:
-        fh.write(dumps({"rank": rank, "keys": keys, "index": index}) + b"\n")
+        fh.write(dumps({"format": FORMAT, "rank": rank, "keys": keys, "index": index}) + b"\n")
         fh.writelines(blob for _, blob in blobs)
 
 
@@ -36,7 +37,7 @@ def read_steps(path: str, steps: list[str] | None = None) -> dict[str, Any]:
     """The header plus ``steps`` (every step when None) as ``{"rank", "keys", "steps"}``; a step
     the rank did not record is absent from ``steps``."""
     with open(path, "rb") as fh:
-        head = loads(fh.readline())
+        head = _header(loads(fh.readline()), path)
         base = fh.tell()
         got = {}
         for k in head["index"] if steps is None else steps:
@@ -44,8 +45,29 @@ def read_steps(path: str, steps: list[str] | None = None) -> dict[str, Any]:
             if where is None:
                 continue
             fh.seek(base + where[0])
-            got[k] = loads(fh.read(where[1]))
+            blob = loads(fh.read(where[1]))
+            if not isinstance(blob, dict):
+                raise ValueError(f"{path}: step {k} is not a timeline")
+            got[k] = blob
     return {"rank": head["rank"], "keys": head["keys"], "steps": got}
+
+
+def _header(head: Any, path: str) -> dict[str, Any]:
+    """``head`` checked field by field; ValueError (what readers of a damaged file catch) when
+    it is not this layout's header."""
+    ok = (
+        isinstance(head, dict)
+        and head.get("format") == FORMAT
+        and isinstance(head.get("keys"), dict)
+        and isinstance(head.get("index"), dict)
+        and all(
+            isinstance(w, list) and len(w) == 2 and all(type(x) is int and x >= 0 for x in w)
+            for w in head["index"].values()
+        )
+    )
+    if not ok:
+        raise ValueError(f"{path}: not a titan-trace timeline file (format {FORMAT})")
+    return head
 
 
 def read_step(path: str, step: str) -> dict[str, Any] | None:
