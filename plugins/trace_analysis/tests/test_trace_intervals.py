@@ -94,3 +94,40 @@ def test_union_of_op_heads_is_the_union_of_their_pairs_bit_for_bit(seed: int):
     if iv._any is not None:  # the C path takes ops (no Python fallback on this input)
         assert iv._any(ops, 0.0, True) is not None
         assert iv._any([(1.0,)], 0.0, True) is None
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_clipped_union_and_overlap_match_the_python_loops_bit_for_bit(seed: int, monkeypatch):
+    """The C union clips as ``clip`` does (Python's max / min tie rules: -0.0 and 0.0 stay what
+    they were; bounds on run edges, outside every run, NaN) and the C overlap adds the same
+    lengths in the same order: compared with the Python code on the same inputs."""
+    from titan_trace_analysis.ops import Op
+
+    rng = random.Random(100 + seed)
+    pairs = _random_pairs(rng, rng.randint(0, 300)) + [(-0.0, 1.0), (0.0, 0.0), (7.0, 9.0)]
+    rng.shuffle(pairs)
+    ops = [Op(a, b, 0, "", None, "", -1) for a, b in pairs]
+    edges = [x for ab in pairs for x in ab]
+    bounds = [(-1e18, 1e18), (0.0, 1.0), (-0.0, 0.0), (1.0, 0.5), (float("nan"), 5.0)]
+    bounds += [tuple(sorted(rng.sample(edges, 2))) for _ in range(6)] if len(edges) > 1 else []
+    for lo, hi in bounds:
+        want = repr(iv.clip(iv.union_heads(ops), lo, hi))
+        assert repr(iv.clipped_union_heads(ops, lo, hi)) == want, (lo, hi)
+    assert iv.clipped_union_heads(ops, 0, 10) == iv.clip(iv.union_heads(ops), 0, 10)  # ints
+    for a, b, lo, hi in [(0.0, 2.0, -0.0, 1.0), (-0.0, 2.0, 0.0, 1.0), (-1.0, 0.0, -2.0, -0.0),
+                         (-1.0, -0.0, -2.0, 0.0)]:  # fmt: skip
+        one = [Op(a, b, 0, "", None, "", -1)]  # a bound equal to a run's edge, other zero sign
+        want = repr(iv.clip(iv.union_heads(one), lo, hi))
+        assert repr(iv.clipped_union_heads(one, lo, hi)) == want, (a, b, lo, hi)
+    other = iv.union(_random_pairs(rng, rng.randint(0, 200)))
+    merged = iv.union(pairs)
+    native = [iv.overlap(merged, other), iv.overlap(other, merged), iv.overlap(merged, [])]
+    monkeypatch.setattr(iv, "_overlap", None)  # the Python loop
+    python = [iv.overlap(merged, other), iv.overlap(other, merged), iv.overlap(merged, [])]
+    assert repr(native) == repr(python)
+    if iv._any is not None:  # the C paths took these inputs (no silent fallback)
+        from titan_trace_analysis import _native
+
+        assert _native.union_any(ops, 0.0, True, 0.0, 1.0) is not None
+        assert _native.overlap(merged, other) is not None
+        assert _native.overlap([[1, 2]], merged) is None  # ints: the Python loop decides

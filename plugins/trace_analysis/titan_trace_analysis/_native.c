@@ -2,7 +2,8 @@
  * compiler at install) and as the reference the tests compare it with:
  *   scan          reader.TraceReader._parse: events of the traceEvents text
  *   take          ops.OpBuilder.batch: GPU events into Ops
- *   union_any     intervals.union: sorted() + intervals.union_sorted
+ *   union_any     intervals.union: sorted() + intervals.union_sorted (+ intervals.clip)
+ *   overlap       intervals.overlap
  *   assign        steps.assign_py
  *
  * scan cuts the decompressed text into events, keeps the wanted ones, reads launch calls and
@@ -900,13 +901,19 @@ static int by_start(const void *x, const void *y) {
     return (p->i > q->i) - (p->i < q->i);
 }
 
-static PyObject *merge(run_item *items, Py_ssize_t n, double gap);
+/* clip bounds for merge(): runs outside (lo, hi) dropped, the rest cut to [lo, hi] */
+typedef struct {
+    PyObject *lo, *hi; /* floats, or NULL: no clipping */
+} bounds;
+
+static PyObject *merge(run_item *items, Py_ssize_t n, double gap, bounds clip);
 
 PyDoc_STRVAR(union_any_doc,
 "union_any(pairs: list, gap: float, heads: bool = False) -> list[list[float]] or None\n\n"
 "intervals.union: the pairs sorted by start here (the order among equal starts cannot change\n"
 "the merged runs), then merged as union_sorted does; None when not all pairs of floats or NaN.\n"
-"heads: the items are tuples (Ops) whose first two fields are the pair (intervals.union_heads).");
+"heads: the items are tuples (Ops) whose first two fields are the pair (intervals.union_heads).\n"
+"lo, hi (floats): the merged runs clipped as intervals.clip does (clipped_union_heads).");
 
 static void release(run_item *items, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -959,7 +966,16 @@ static PyObject *union_any(PyObject *self, PyObject *args) {
     PyObject *pairs;
     double gap;
     int heads = 0;
-    if (!PyArg_ParseTuple(args, "O!d|p", &PyList_Type, &pairs, &gap, &heads)) return NULL;
+    bounds clip = {NULL, NULL};
+    if (!PyArg_ParseTuple(args, "O!d|pO!O!", &PyList_Type, &pairs, &gap, &heads, &PyFloat_Type,
+                          &clip.lo, &PyFloat_Type, &clip.hi))
+        return NULL;
+    if ((clip.lo != NULL && !PyFloat_CheckExact(clip.lo)) || (clip.hi != NULL && !PyFloat_CheckExact(clip.hi)))
+        Py_RETURN_NONE; /* a float subclass: Python's max / min decide */
+    if (clip.lo != NULL && clip.hi == NULL) {
+        PyErr_SetString(PyExc_TypeError, "union_any: clip needs both lo and hi");
+        return NULL;
+    }
     Py_ssize_t n = PyList_GET_SIZE(pairs);
     run_item *items = PyMem_Malloc((size_t)(n + 1) * sizeof(run_item));
     if (items == NULL) return PyErr_NoMemory();
@@ -968,14 +984,17 @@ static PyObject *union_any(PyObject *self, PyObject *args) {
         Py_RETURN_NONE;
     }
     qsort(items, (size_t)n, sizeof(run_item), by_start);
-    PyObject *out = merge(items, n, gap);
+    PyObject *out = merge(items, n, gap, clip);
     release(items, n);
     PyMem_Free(items);
     return out;
 }
 
-/* intervals.union_sorted's loop over items sorted by start (the same float objects in the runs) */
-static PyObject *merge(run_item *items, Py_ssize_t n, double gap) {
+/* intervals.union_sorted's loop over items sorted by start (the same float objects in the runs),
+ * then, with clip bounds, intervals.clip: a run is kept when b > lo and a < hi, as
+ * [max(a, lo), min(b, hi)] with Python's tie rules (the first argument unless the second is
+ * strictly beyond it: -0.0 and 0.0 stay what they were) */
+static PyObject *merge(run_item *items, Py_ssize_t n, double gap, bounds clip) {
     PyObject *out = PyList_New(0);
     if (out == NULL || n == 0) return out;
     PyObject *lo = items[0].lo, *hi = items[0].hi;
@@ -984,15 +1003,29 @@ static PyObject *merge(run_item *items, Py_ssize_t n, double gap) {
             if (PyFloat_AS_DOUBLE(items[i].hi) > PyFloat_AS_DOUBLE(hi)) hi = items[i].hi;
             continue;
         }
+        PyObject *a = lo, *b = hi;
+        if (clip.lo != NULL) {
+            double clo = PyFloat_AS_DOUBLE(clip.lo), chi = PyFloat_AS_DOUBLE(clip.hi);
+            int keep = PyFloat_AS_DOUBLE(hi) > clo && PyFloat_AS_DOUBLE(lo) < chi;
+            if (clo > PyFloat_AS_DOUBLE(lo)) a = clip.lo;
+            if (chi < PyFloat_AS_DOUBLE(hi)) b = clip.hi;
+            if (!keep) {
+                if (i < n) {
+                    lo = items[i].lo;
+                    hi = items[i].hi;
+                }
+                continue;
+            }
+        }
         PyObject *run = PyList_New(2);
         if (run == NULL) {
             Py_DECREF(out);
             return NULL;
         }
-        Py_INCREF(lo);
-        Py_INCREF(hi);
-        PyList_SET_ITEM(run, 0, lo);
-        PyList_SET_ITEM(run, 1, hi);
+        Py_INCREF(a);
+        Py_INCREF(b);
+        PyList_SET_ITEM(run, 0, a);
+        PyList_SET_ITEM(run, 1, b);
         int rc = PyList_Append(out, run);
         Py_DECREF(run);
         if (rc < 0) {
@@ -1005,6 +1038,46 @@ static PyObject *merge(run_item *items, Py_ssize_t n, double gap) {
         }
     }
     return out;
+}
+
+/* ---- intersection length of two merged lists (intervals.overlap, in C) ---- */
+
+PyDoc_STRVAR(overlap_doc,
+"overlap(x, y) -> float or None\n\n"
+"intervals.overlap: the linear merge walk over two merged lists of [start, end] float pairs,\n"
+"the lengths added in the same order (the same float); None when an item is not such a pair.");
+
+static int pair_at(PyObject *list, Py_ssize_t i, double *a, double *b) {
+    PyObject *it = PyList_GET_ITEM(list, i);
+    if (!PyList_CheckExact(it) || PyList_GET_SIZE(it) != 2) return 0;
+    PyObject *x = PyList_GET_ITEM(it, 0), *y = PyList_GET_ITEM(it, 1);
+    if (!PyFloat_CheckExact(x) || !PyFloat_CheckExact(y)) return 0;
+    *a = PyFloat_AS_DOUBLE(x);
+    *b = PyFloat_AS_DOUBLE(y);
+    return 1;
+}
+
+static PyObject *overlap(PyObject *self, PyObject *args) {
+    PyObject *x, *y;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &x, &PyList_Type, &y)) return NULL;
+    Py_ssize_t i = 0, j = 0, nx = PyList_GET_SIZE(x), ny = PyList_GET_SIZE(y);
+    /* every pair checked first: the Python walk stops early and never looks at the rest */
+    for (Py_ssize_t k = 0; k < nx + ny; k++) {
+        double a, b;
+        if (!pair_at(k < nx ? x : y, k < nx ? k : k - nx, &a, &b)) Py_RETURN_NONE;
+    }
+    double total = 0.0;
+    while (i < nx && j < ny) {
+        double xa, xb, ya, yb;
+        pair_at(x, i, &xa, &xb);
+        pair_at(y, j, &ya, &yb);
+        double lo = xa > ya ? xa : ya;
+        double hi = xb < yb ? xb : yb;
+        if (hi > lo) total += hi - lo;
+        if (xb < yb) i++;
+        else j++;
+    }
+    return PyFloat_FromDouble(total);
 }
 
 /* ---- ops to steps (steps.assign, in C) ---- */
@@ -1081,6 +1154,7 @@ fail:
 static PyMethodDef methods[] = {
     {"assign", assign, METH_VARARGS, assign_doc},
     {"union_any", union_any, METH_VARARGS, union_any_doc},
+    {"overlap", overlap, METH_VARARGS, overlap_doc},
     {"scan", scan, METH_VARARGS, scan_doc},
     {"take", take, METH_VARARGS, take_doc},
     {NULL, NULL, 0, NULL},

@@ -7,10 +7,11 @@ from collections.abc import Iterable
 
 Interval = tuple[float, float]
 
-try:  # sorted() + union_sorted in C where the native extension is built (tested equal)
+try:  # sorted() + union_sorted (+ clip), and overlap, in C where built (tested equal)
+    from titan_trace_analysis._native import overlap as _overlap
     from titan_trace_analysis._native import union_any as _any
 except ImportError:  # pragma: no cover - built without a C compiler
-    _any = None
+    _any = _overlap = None
 
 
 def union(intervals: Iterable[Interval], gap: float = 0.0) -> list[list[float]]:
@@ -32,6 +33,15 @@ def union_heads(items: list[tuple], gap: float = 0.0) -> list[list[float]]:
         if got is not None:
             return got
     return union([t[:2] for t in items], gap)
+
+
+def clipped_union_heads(items: list[tuple], lo: float, hi: float) -> list[list[float]]:
+    """``clip(union_heads(items), lo, hi)`` in one pass where the extension is built."""
+    if _any is not None and type(lo) is float and type(hi) is float:
+        got = _any(items, 0.0, True, lo, hi)
+        if got is not None:
+            return got
+    return clip(union_heads(items), lo, hi)
 
 
 def union_sorted(intervals: Iterable[Interval], gap: float = 0.0) -> list[list[float]]:
@@ -60,6 +70,10 @@ def length(merged: list[list[float]]) -> float:
 
 def overlap(x: list[list[float]], y: list[list[float]]) -> float:
     """Length of the intersection of two merged lists (linear merge walk)."""
+    if _overlap is not None and type(x) is list and type(y) is list:
+        got = _overlap(x, y)
+        if got is not None:
+            return got
     i = j = 0
     total = 0.0
     while i < len(x) and j < len(y):

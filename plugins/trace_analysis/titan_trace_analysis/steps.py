@@ -84,9 +84,9 @@ def one_step(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Figures and timeline of one step whose device window is [w0, w1]."""
     compute = [o for o in ops if o[2] == COMPUTE]  # o.klass
-    comp = iv.clip(iv.union_heads(compute), w0, w1)
+    comp = iv.clipped_union_heads(compute, w0, w1)
     comm = [o for o in ops if o[2] == COMM]
-    comm_u = iv.clip(iv.union_heads(comm), w0, w1)
+    comm_u = iv.clipped_union_heads(comm, w0, w1)
     by_kind: dict[str, float] = {}
     for o in comm:
         if not o.twin:
