@@ -131,3 +131,56 @@ def test_clipped_union_and_overlap_match_the_python_loops_bit_for_bit(seed: int,
         assert _native.union_any(ops, 0.0, True, 0.0, 1.0) is not None
         assert _native.overlap(merged, other) is not None
         assert _native.overlap([[1, 2]], merged) is None  # ints: the Python loop decides
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_compute_gaps_in_c_match_the_python_loop_bit_for_bit(seed: int):
+    """``bubble._gaps`` (C where built) against ``_gaps_py``: the same gaps, the same objects
+    (repr tells -0.0 from 0.0), launches from the op, from the launch table or unknown."""
+    import math
+
+    from titan_trace_analysis import bubble
+    from titan_trace_analysis.ops import Op, sort_ops
+
+    rng = random.Random(200 + seed)
+    launches = {c: (rng.uniform(0, 900), 7) for c in range(0, 40, 2)}
+    ops = []
+    for a, b in _random_pairs(rng, rng.randint(0, 200)) + [(-0.0, 0.0), (0.0, 3.0)]:
+        corr = rng.choice([None, rng.randrange(40), rng.randrange(40)])
+        posted = rng.choice([math.nan, math.nan, rng.uniform(0, 900), -0.0])
+        ops.append(Op(a, b, 0, "", corr, "", -1, False, posted))
+    ops = sort_ops(ops)
+    for w0, w1 in [(-1e18, 1e18), (-0.0, 500.0), (0.0, 0.0), (100.0, 50.0)]:
+        want = repr(bubble._gaps_py(ops, w0, w1, launches))
+        assert repr(bubble._gaps(ops, w0, w1, launches)) == want, (w0, w1)
+    edge = [Op(-1.0, -0.0, 0, "", None, "", -1), Op(5.0, 6.0, 0, "", 2, "", -1)]
+    for w0, w1 in [(0.0, 10.0), (0.0, 5.0), (-0.0, 4.9)]:  # an end equal to the run's, other
+        # zero sign; an op starting exactly at the window's end; one just after
+        assert repr(bubble._gaps(edge, w0, w1, launches)) == repr(
+            bubble._gaps_py(edge, w0, w1, launches)
+        )
+    if bubble._native_gaps is not None:  # the C loop took them; odd inputs go to Python
+        assert bubble._native_gaps(ops, 0.0, 1e18, launches) is not None
+        odd = [*ops, Op(1e17, 2e17, 0, "", "c", "", -1)]  # ends a gap; its corr is not an int
+        assert bubble._native_gaps(odd, 0.0, 1e18, launches) is None
+        assert bubble._native_gaps(ops, 0, 1e18, launches) is None  # an int bound
+
+
+def test_ops_tied_up_to_a_missing_correlation_id_sort_instead_of_raising():
+    """Two kernels at the same times, one with a launch correlation id and one without: the
+    step's figures are computed (before, sorting the ops raised TypeError and the whole rank
+    was reported unreadable); otherwise the order is sorted()'s."""
+    from titan_trace_analysis.kinds import COMM, COMPUTE, PP_RECV
+    from titan_trace_analysis.ops import Op, sort_ops
+    from titan_trace_analysis.steps import one_step
+
+    a, b = Op(1.0, 2.0, COMPUTE, "", 5, "", -1), Op(1.0, 2.0, COMPUTE, "", None, "", -1)
+    assert sort_ops([a, b]) == [b, a]
+    usual = [Op(3.0, 4.0, COMPUTE, "", 9, "", -1), a, Op(1.0, 2.0, COMPUTE, "", 2, "", -1)]
+    assert sort_ops(usual) == sorted(usual)
+    recv = Op(2.5, 3.5, COMM, PP_RECV, None, "k", 1)
+    stat, timeline = one_step(0.0, 10.0, [a, b, recv, Op(3.6, 6.0, COMPUTE, "", 7, "", -1)], {})
+    assert stat["compute_busy_us"] == 1.0 + 2.4 and stat["bubble_us"] is not None
+    recv2 = Op(2.5, 3.5, COMM, PP_RECV, 4, "k", 1)  # and the same among communication ops
+    stat2, _ = one_step(0.0, 10.0, [a, recv, recv2], {})
+    assert stat2["comm_busy_us"] == 1.0

@@ -4,6 +4,7 @@
  *   take          ops.OpBuilder.batch: GPU events into Ops
  *   union_any     intervals.union: sorted() + intervals.union_sorted (+ intervals.clip)
  *   overlap       intervals.overlap
+ *   gaps          bubble._gaps_py
  *   assign        steps.assign_py
  *
  * scan cuts the decompressed text into events, keeps the wanted ones, reads launch calls and
@@ -22,6 +23,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -729,19 +731,32 @@ typedef struct {
     Py_ssize_t bad;
 } taker;
 
-/* Op(ts, end, k, "", corr, "", -1, False, nan) through tuple.__new__ (tuple_subtype_new sets
- * up the tuple as the interpreter expects, hash cache included) */
+/* Op(ts, end, k, "", corr, "", -1, False, nan), built as tuple.__new__ builds it */
 static PyObject *new_op(taker *t, PyObject *tsf, double end, PyObject *k, PyObject *corr) {
-    PyObject *fields = PyTuple_New(9);
-    if (fields == NULL) return NULL;
     PyObject *endf = PyFloat_FromDouble(end);
-    if (endf == NULL) {
-        Py_DECREF(fields);
+    if (endf == NULL) return NULL;
+    PyObject *items[9] = {tsf, endf, k, EMPTY, corr, EMPTY, t->minus_one, Py_False, t->nan};
+#if PY_VERSION_HEX < 0x030E0000
+    /* what tuple_subtype_new does without the tuple it copies from: allocate the Op (a tuple
+     * subclass without a dict: GC-tracked, items zeroed) and put the fields in */
+    PyObject *op = t->op_type->tp_alloc(t->op_type, 9);
+    if (op == NULL) {
+        Py_DECREF(endf);
         return NULL;
     }
-    PyObject *items[9] = {tsf, endf, k, EMPTY, corr, EMPTY, t->minus_one, Py_False, t->nan};
     for (int f = 0; f < 9; f++) {
-        if (f != 1) Py_INCREF(items[f]); /* endf's reference moves into the tuple */
+        if (f != 1) Py_INCREF(items[f]); /* endf's reference moves into the Op */
+        PyTuple_SET_ITEM(op, f, items[f]);
+    }
+    return op;
+#else /* 3.14+ tuples cache their hash: tuple.__new__ sets the object up */
+    PyObject *fields = PyTuple_New(9);
+    if (fields == NULL) {
+        Py_DECREF(endf);
+        return NULL;
+    }
+    for (int f = 0; f < 9; f++) {
+        if (f != 1) Py_INCREF(items[f]);
         PyTuple_SET_ITEM(fields, f, items[f]);
     }
     PyObject *call = PyTuple_Pack(1, fields);
@@ -750,6 +765,7 @@ static PyObject *new_op(taker *t, PyObject *tsf, double end, PyObject *k, PyObje
     PyObject *op = PyTuple_Type.tp_new(t->op_type, call, NULL);
     Py_DECREF(call);
     return op;
+#endif
 }
 
 /* one scanner tuple (held by the caller) into an Op, as OpBuilder.batch's loop body */
@@ -1080,6 +1096,76 @@ static PyObject *overlap(PyObject *self, PyObject *args) {
     return PyFloat_FromDouble(total);
 }
 
+/* ---- gaps of the compute stream (bubble._gaps_py, in C) ---- */
+
+PyDoc_STRVAR(gaps_doc,
+"gaps(comp, w0, w1, launches) -> list[tuple] or None\n\n"
+"bubble._gaps_py: (gap start, gap end, launch of the op ending it) of the sorted compute ops in\n"
+"[w0, w1], the same objects; None when an op or a launch is not as the reader builds them.");
+
+/* bubble.posted: op.posted unless NaN, else its launch's time, else -inf (a new reference);
+ * NULL with no error set: not as the reader builds it (the Python loop decides) */
+static PyObject *posted_time(PyObject *op, PyObject *launches) {
+    PyObject *p = PyTuple_GET_ITEM(op, 8), *corr = PyTuple_GET_ITEM(op, 4);
+    if (!PyFloat_CheckExact(p)) return NULL;
+    if (!isnan(PyFloat_AS_DOUBLE(p))) {
+        Py_INCREF(p);
+        return p;
+    }
+    PyObject *launch = NULL;
+    if (corr != Py_None) {
+        if (!PyLong_CheckExact(corr)) return NULL;
+        launch = PyDict_GetItemWithError(launches, corr); /* int keys: no Python code runs */
+        if (launch == NULL && PyErr_Occurred()) return NULL;
+    }
+    if (launch == NULL) return PyFloat_FromDouble(-INFINITY);
+    if (!PyTuple_CheckExact(launch) || PyTuple_GET_SIZE(launch) < 1) return NULL;
+    PyObject *at = PyTuple_GET_ITEM(launch, 0);
+    Py_INCREF(at);
+    return at;
+}
+
+static PyObject *gaps(PyObject *self, PyObject *args) {
+    PyObject *comp, *w0, *w1, *launches;
+    if (!PyArg_ParseTuple(args, "O!OOO!", &PyList_Type, &comp, &w0, &w1, &PyDict_Type, &launches))
+        return NULL;
+    if (!PyFloat_CheckExact(w0) || !PyFloat_CheckExact(w1)) Py_RETURN_NONE;
+    Py_ssize_t n = PyList_GET_SIZE(comp);
+    for (Py_ssize_t i = 0; i < n; i++) { /* every op checked before any is used */
+        PyObject *op = PyList_GET_ITEM(comp, i);
+        if (!PyTuple_Check(op) || PyTuple_GET_SIZE(op) < 9 || !PyFloat_CheckExact(PyTuple_GET_ITEM(op, 0)) ||
+            !PyFloat_CheckExact(PyTuple_GET_ITEM(op, 1)))
+            Py_RETURN_NONE;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    PyObject *run_end = w0; /* borrowed: w0 or an op's end, all held by the caller */
+    double hi = PyFloat_AS_DOUBLE(w1);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *op = PyList_GET_ITEM(comp, i);
+        PyObject *start = PyTuple_GET_ITEM(op, 0), *end = PyTuple_GET_ITEM(op, 1);
+        double s = PyFloat_AS_DOUBLE(start), r = PyFloat_AS_DOUBLE(run_end);
+        if (s > r + 0.5 && s <= hi) {
+            PyObject *at = posted_time(op, launches);
+            if (at == NULL) {
+                Py_DECREF(out);
+                if (PyErr_Occurred()) return NULL;
+                Py_RETURN_NONE;
+            }
+            PyObject *gap = PyTuple_Pack(3, run_end, start, at);
+            Py_DECREF(at);
+            int rc = gap == NULL ? -1 : PyList_Append(out, gap);
+            Py_XDECREF(gap);
+            if (rc < 0) {
+                Py_DECREF(out);
+                return NULL;
+            }
+        }
+        if (PyFloat_AS_DOUBLE(end) > r) run_end = end;
+    }
+    return out;
+}
+
 /* ---- ops to steps (steps.assign, in C) ---- */
 
 PyDoc_STRVAR(assign_doc,
@@ -1155,6 +1241,7 @@ static PyMethodDef methods[] = {
     {"assign", assign, METH_VARARGS, assign_doc},
     {"union_any", union_any, METH_VARARGS, union_any_doc},
     {"overlap", overlap, METH_VARARGS, overlap_doc},
+    {"gaps", gaps, METH_VARARGS, gaps_doc},
     {"scan", scan, METH_VARARGS, scan_doc},
     {"take", take, METH_VARARGS, take_doc},
     {NULL, NULL, 0, NULL},

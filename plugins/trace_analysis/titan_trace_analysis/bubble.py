@@ -17,7 +17,12 @@ import math
 from bisect import bisect_right
 
 from .kinds import PP_RECV, PP_SEND
-from .ops import Op
+from .ops import Op, sort_ops
+
+try:  # the same loop in C where the native extension is built (tested equal)
+    from titan_trace_analysis._native import gaps as _native_gaps
+except ImportError:  # pragma: no cover - built without a C compiler
+    _native_gaps = None
 
 EPS = 5.0  # us: a dependent op starts a few microseconds after what it waited for
 
@@ -41,6 +46,17 @@ def _gaps(
     comp: list[Op], w0: float, w1: float, launches: Launches
 ) -> list[tuple[float, float, float]]:
     """(gap start, gap end, launch of the op ending it) of the compute stream in [w0, w1]."""
+    if _native_gaps is not None:
+        got = _native_gaps(comp, w0, w1, launches)
+        if got is not None:
+            return got
+    return _gaps_py(comp, w0, w1, launches)
+
+
+def _gaps_py(
+    comp: list[Op], w0: float, w1: float, launches: Launches
+) -> list[tuple[float, float, float]]:
+    """:func:`_gaps`'s Python loop (no extension, or ops not as the reader builds them)."""
     out = []
     run_end = w0
     for op in comp:
@@ -61,7 +77,7 @@ def bubbles(
     recvs = sorted([o for o in comm if o[3] == PP_RECV], key=_end)
     if not recvs:
         return []
-    comp = sorted([o for o in compute if o[1] > w0])
+    comp = sort_ops([o for o in compute if o[1] > w0])
     if not comp:
         return []
     others = sorted([o[1] for o in comm if o[3] not in (PP_RECV, PP_SEND, "")])

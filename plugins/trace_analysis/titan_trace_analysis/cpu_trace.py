@@ -12,7 +12,7 @@ from typing import Any
 
 from . import intervals as iv
 from .kinds import COMM, COMPUTE, CPU_COMM_NAME, PP_RECV, PP_SEND, title_parts
-from .ops import Labeller, Op, Title, times
+from .ops import Labeller, Op, Title, sort_ops, times
 
 
 def cpu_ops(
@@ -53,7 +53,7 @@ def cpu_ops(
         acc[1] += leaf[1] - leaf[0]
     compute = iv.subtract(iv.union(busy), on_thread)
     ops = [Op(a, b, COMPUTE, "", None, "", -1) for a, b in compute]
-    return sorted(ops + comm), names
+    return sort_ops(ops + comm), names
 
 
 def _leaves(spans: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:

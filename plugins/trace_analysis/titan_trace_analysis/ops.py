@@ -65,6 +65,22 @@ class Title(NamedTuple):
     name: str
 
 
+def sort_ops(ops: list[Op]) -> list[Op]:
+    """``sorted(ops)``: by start, end, then the other fields, except that ops tied up to a
+    correlation id only one of them has no longer raise (Python cannot order None and an int:
+    a trace mixing kernels with and without a launch record, two of them at the same times,
+    made the whole rank unreadable); the op without an id sorts first."""
+    try:
+        return sorted(ops)  # the usual case, at C speed
+    except TypeError:
+        return sorted(ops, key=_order)
+
+
+def _order(op: Op) -> tuple:
+    corr = op[4]
+    return (*op[:4], corr is not None, -1 if corr is None else corr, *op[5:])
+
+
 def times(ev: dict[str, Any]) -> tuple[float, float] | None:
     """(start, end) of an event, or None when its ts / dur are not finite and plausible."""
     ts, dur = ev.get("ts"), ev.get("dur", 0.0)

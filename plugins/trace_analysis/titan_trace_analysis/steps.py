@@ -15,7 +15,7 @@ from typing import Any
 from . import intervals as iv
 from .bubble import bubbles
 from .kinds import ALL_GATHER, ALL_REDUCE, COMM, COMPUTE, P2P, PP_RECV, PP_SEND, REDUCE_SCATTER
-from .ops import Op
+from .ops import Op, sort_ops
 
 try:  # the same loop in C where the native extension is built (tested equal)
     from titan_trace_analysis._native import assign as _native
@@ -114,7 +114,7 @@ def one_step(
     seq: dict[tuple, int] = {}
     tl_ops = []
     stat["dp_coll"] = dp_coll = []
-    for o in sorted(comm):
+    for o in sort_ops(comm):
         ident = (o.kind, o.peer) if o.kind in (PP_SEND, PP_RECV) else (o.key,)
         n = seq.get(ident, 0)
         seq[ident] = n + 1
