@@ -81,12 +81,27 @@ def test_pool_workers_fork_only_from_a_single_threaded_process():
     assert done.stdout.split() == ["fork", "forkserver", "forkserver"]
 
 
+POOLED = """
+import json, sys
+from titan_trace_analysis import engine
+engine.start_method = lambda *_: sys.argv[1]
+out = engine.run_map(sys.argv[2:], None, engine="local", workers=2, progress=False)
+print(json.dumps([{k: v for k, v in s.items() if k != "timeline"} for s in out]))
+"""
+
+
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
-def test_both_start_methods_give_the_same_summaries(tmp_path: Path, monkeypatch, method: str):
-    from titan_trace_analysis import engine
+def test_both_start_methods_give_the_same_summaries(tmp_path: Path, method: str):
+    """The pool runs in a fresh process, as the command does (forking pytest itself, which runs
+    other tests' threads, is what the command avoids)."""
+    import json
+    import subprocess
+
     from titan_trace_analysis.summarize import summarize
 
     paths = _small_set(tmp_path / "t")
-    monkeypatch.setattr(engine, "start_method", lambda *_: method)
-    pooled = run_map(paths, None, engine="local", workers=2, progress=False)
-    assert _comparable(pooled) == _comparable([summarize(p, None, i) for i, p in enumerate(paths)])
+    done = subprocess.run([sys.executable, "-c", POOLED, method, *paths], capture_output=True,
+                          text=True, timeout=300, check=True)  # fmt: skip
+    pooled = json.loads(done.stdout)
+    here = json.loads(json.dumps([summarize(p, None, i) for i, p in enumerate(paths)]))
+    assert pooled == _comparable(here)
