@@ -60,6 +60,7 @@ def test_no_steps(tmp_path: Path):
         b'{"rank": 0, "keys": {}, "steps": {"1": {"ops": []}}}',  # the previous whole-file layout
         b"[1, 2]\n",
         b'{"format": 1, "rank": 0, "keys": {}}\n',
+        b'{"format": 1, "keys": {}, "index": {}}\n',  # no rank
         b'{"format": 1, "rank": 0, "keys": {}, "index": {"1": [0]}}\n{}',
         b'{"format": 1, "rank": 0, "keys": {}, "index": {"1": ["0", 2]}}\n{}',
         b'{"format": 1, "rank": 0, "keys": {}, "index": {"1": [0, -1]}}\n{}',

@@ -6,8 +6,8 @@ visits, the merged trace and the HTML once per rank for one step.  Keeping them 
 the parent's memory flat in ranks; storing each step as its own JSON blob behind an index means
 a reader parses only the step it asks for (before, every read parsed every step).
 
-Layout: one line of JSON, ``{"format", "rank", "keys", "index": {step: [offset, length]}}``, then the
-steps' JSON blobs back to back (offsets count from the byte after that line).  Both JSON
+Layout: one line of JSON, ``{"format", "rank", "keys", "index": {step: [offset, length]}}``,
+then the steps' JSON blobs back to back (offsets count from the byte after that line).  Both JSON
 writers used here escape newlines inside strings, so the first newline ends the header.
 """
 
@@ -58,6 +58,7 @@ def _header(head: Any, path: str) -> dict[str, Any]:
     ok = (
         isinstance(head, dict)
         and head.get("format") == FORMAT
+        and "rank" in head
         and isinstance(head.get("keys"), dict)
         and isinstance(head.get("index"), dict)
         and all(
