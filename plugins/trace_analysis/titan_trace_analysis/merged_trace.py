@@ -85,7 +85,7 @@ def _rank_events(r: int, path: str | None, step: str, t0: float, stage: dict) ->
                 "ts": a - t0,
                 "dur": b - a,
                 "args": {"peer": peer, "group": key, "seq": seq},
-            }  # fmt: skip
+            }
             for tid, (k, a, b, key, peer, seq) in _lanes(ops, TID_COMM.get(kind, 80))
         ]
     return events

@@ -8,8 +8,9 @@ fallback where it is not built and the reference the tests compare it with.  In 
 regex per piece (run by ``filter``, in C) keeps the GPU ops, launch calls and user annotations.
 Launch calls (``cudaLaunchKernel`` ...) are read by two small regexes for their (thread, time,
 correlation) without a JSON parse; of the annotations only ``ProfilerStep#N`` and communication
-titles (``nccl:send 0->1``, ``gloo:recv``, ``titan.p2p:recv_forward``, ...) are parsed.  Traces without GPU events are read a second time
-for their CPU ops.  The CPU-side bulk of a GPU trace therefore costs one regex search an event.
+titles (``nccl:send 0->1``, ``gloo:recv``, ``titan.p2p:recv_forward``, ...) are parsed.  Traces
+without GPU events are read a second time for their CPU ops.  The CPU-side bulk of a GPU trace
+therefore costs one regex search an event.
 
 A piece that fails to parse (a ``}, {`` inside a string) is retried joined with its neighbours;
 what still fails is counted in ``bad_events``.  A file cut short is read up to its last complete
