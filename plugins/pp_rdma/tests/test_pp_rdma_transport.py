@@ -195,7 +195,9 @@ def test_a_read_is_first_polled_near_its_predicted_end_not_when_submitted() -> N
     """Polling a read that was just submitted only takes the core its transfer needs: the first
     poll waits for ``op.due`` (most of the read's predicted time)."""
     a, b, _, eb = pair(direct=True)
-    b.seconds_per_byte = 1 / 0.2e9  # a slow link: the ~64 KiB read is predicted at ~0.36 ms
+    b.read_clock.seconds_per_byte = (
+        1 / 0.2e9
+    )  # a slow link: the ~64 KiB read is predicted at ~0.36 ms
     x = big(5.0)
     a.isend(x, 1, FWD)
     y = torch.empty_like(x)
@@ -208,6 +210,49 @@ def test_a_read_is_first_polled_near_its_predicted_end_not_when_submitted() -> N
     assert recv.done and y.equal(x)
     assert eb.polls and eb.polls[0] >= due
     assert len(eb.polls) == 1  # the fake read is done by then: one poll in all
+
+
+def test_a_late_read_is_polled_at_its_predicted_end_then_at_growing_gaps() -> None:
+    """After the first poll (75% of the prediction) saw it pending, the next comes at the
+    predicted end, then at gaps growing 1.5x from 5% of the prediction up to ``MAX_POLL_S``;
+    the completed read teaches its size class how long such reads take."""
+    from titan_pp_rdma import protocol
+
+    a, b, _, eb = pair(direct=True)
+    b.read_clock.seconds_per_byte = 1 / 0.05e9  # the ~64 KiB read is predicted at ~1.3 ms
+    x, y = big(3.0), torch.empty_like(big())
+    a.isend(x, 1, FWD)
+    eb.reads_pending = True
+    recv = b.irecv(y, 0, FWD)
+    end = recv.read_at + recv.predicted
+    assert recv.due == pytest.approx(recv.read_at + 0.75 * recv.predicted)
+
+    def poll_when_due() -> float:
+        while time.perf_counter() < recv.due:
+            pass
+        before = len(eb.polls)
+        b.progress()
+        assert len(eb.polls) == before + 1 and not recv.done
+        return recv.polled_at  # when the round that polled it looked at the clock
+
+    poll_when_due()
+    assert recv.due == end  # pending before its predicted end: next at that end
+    gaps = []
+    for _ in range(8):
+        polled = poll_when_due()
+        gaps.append(recv.due - polled)
+    first = min(max(protocol.MIN_POLL_S, 0.05 * recv.predicted), protocol.MAX_POLL_S)
+    assert gaps[0] == pytest.approx(first)
+    assert gaps[1] == pytest.approx(1.5 * first)
+    assert all(g2 >= g1 for g1, g2 in zip(gaps, gaps[1:], strict=False))
+    assert max(gaps) == pytest.approx(protocol.MAX_POLL_S)
+    eb.reads_pending = False
+    last_pending = recv.polled_at
+    recv.wait()
+    assert recv.done and y.equal(x)
+    # the class's first measurement: halfway between the last pending poll and the done one
+    took = (last_pending + eb.polls[-1]) / 2 - recv.read_at
+    assert b.read_clock.predict(x.numel() * 4) == pytest.approx(took, abs=1e-4)
 
 
 @pytest.mark.parametrize("direct", [True, False])
@@ -350,7 +395,7 @@ def test_timer_slack_is_touched_only_by_a_wait_that_polls_a_read(
     calls: list[int | None] = []
     monkeypatch.setattr(transport_mod, "timer_slack", lambda ns: calls.append(ns) or 50_000)
     a, b, _, eb = pair(direct=True)
-    b.seconds_per_byte = 1 / 0.02e9  # the read is predicted to take ~3 ms: the wait naps
+    b.read_clock.seconds_per_byte = 1 / 0.02e9  # the read is predicted to take ~3 ms: the wait naps
     x, y = big(6.0), torch.empty_like(big())
     send = a.isend(x, 1, FWD)
     recv = b.irecv(y, 0, FWD)  # the read starts here

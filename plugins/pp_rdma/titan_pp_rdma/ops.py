@@ -57,6 +57,7 @@ class RecvOp(Op):
         self.read_at = 0.0  # when the read was submitted
         self.due = 0.0  # when polling it is next worth it
         self.predicted = 0.0  # expected duration of the read
+        self.gap = 0.0  # between polls once the read is late
         self.polled_at = 0.0  # last poll that found it still pending
         # direct mode on a GPU: kernels queued before the post may still use this memory (the
         # caching allocator recycles it stream-ordered); a NIC write is not stream-ordered.

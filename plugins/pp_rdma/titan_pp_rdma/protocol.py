@@ -18,12 +18,12 @@ from titan_pp_rdma import effects, security
 from titan_pp_rdma.buffers import record_event
 from titan_pp_rdma.errors import PPRdmaError, PPRdmaMismatch
 from titan_pp_rdma.ops import Link, RecvOp, SendOp
+from titan_pp_rdma.read_clock import ReadClock
 from titan_pp_rdma.wire import CHANNEL_NAMES, CHANNELS, FWD, decode, describe_key, key_nbytes
 
 MAX_REGIONS = 1 << 16  # memory regions a peer may declare at once
-READ_LATENCY_S = 3e-5  # a read's fixed cost on loopback TCP, for predicting when it ends
 MIN_POLL_S = 2e-5  # shortest gap between two polls of one read
-MAX_POLL_S = 2e-4  # longest gap, once a poll saw it pending
+MAX_POLL_S = 1e-3  # longest gap, once a read is late
 MAX_AHEAD = 1 << 12  # announces a peer may send before this rank posted the receives
 _SAME = (
     "Both stages must use the same seq_length, micro_batch_size, hidden_size and pipeline_dtype "
@@ -154,10 +154,17 @@ class ProtocolMixin:
             # submitted a read polled it at once and replaced its due time (75% of the
             # predicted duration) with one 20 us away, so a 256 KiB read was polled ~4 times.
             return
-        status = self.engine.status(op.batch_id)
+        status = self._timed("poll", self.engine.status, op.batch_id)
         if status == 0:
             op.polled_at = now
-            op.due = now + min(max(MIN_POLL_S, 0.02 * op.predicted), MAX_POLL_S)
+            # Next at the predicted end; past it, at gaps growing from 5% of the prediction
+            # (each poll of a late read takes a little of the core its transfer runs on).
+            end = op.read_at + op.predicted
+            if now + MIN_POLL_S < end:
+                op.due = end
+            else:
+                op.due = now + op.gap
+                op.gap = min(op.gap * 1.5, MAX_POLL_S)
             return
         if status < 0:
             self.fail(
@@ -170,30 +177,13 @@ class ProtocolMixin:
         if self.stats is not None:
             self.stats.add("transfer", now - op.read_at)
             self.stats.add("poll_lag", now - max(op.polled_at, op.read_at))
-        if op.nbytes >= 1 << 18:
-            self._learn_rate(op, now)
+        self.read_clock.learn(op.nbytes, op.read_at, op.polled_at, now)
         if op.pooled:
             self._timed("stage_copy", self._copy_out, link, op)
         elif op.buf is not None:
             self._timed("register", self.engine.unregister, op.buf)
         op.buf = None
         self._finish(link, op, read_done=True)
-
-    def _learn_rate(self, op: RecvOp, now: float) -> None:
-        """Update ``seconds_per_byte`` from a completed read.
-
-        Only a read that some poll saw still pending tells its duration (it ended between that
-        poll and this one). One that was already done at its first poll may have ended long
-        before: learning that would push the next first poll later and the estimate up with
-        it, so the estimate only shrinks then, until polls see reads pending again.
-        """
-        if op.polled_at > op.read_at:
-            end = (op.polled_at + now) / 2
-            sample = max(end - op.read_at - READ_LATENCY_S, 0.0) / op.nbytes
-            rate = 0.5 * self.seconds_per_byte + 0.5 * sample
-        else:
-            rate = 0.7 * self.seconds_per_byte
-        self.seconds_per_byte = min(max(rate, 1 / 100e9), 1 / 0.1e9)
 
     def _start_read(self, link: Link, op: RecvOp, addr: int) -> None:
         op.nbytes = op.tensor.numel() * op.tensor.element_size()
@@ -207,10 +197,11 @@ class ProtocolMixin:
             local = op.buf.data_ptr()
         op.read_at = time.perf_counter()
         # Polling a read before it can have finished only steals the core it needs: the first
-        # poll waits for most of its predicted time (``seconds_per_byte`` is learned below),
-        # later ones come every 2% of it (20 to 200 us).
-        op.predicted = READ_LATENCY_S + op.nbytes * self.seconds_per_byte
+        # poll waits for most of its predicted time (learned per size class, ``read_clock``),
+        # the next for its predicted end, later ones at growing gaps (20 us to 1 ms).
+        op.predicted = self.read_clock.predict(op.nbytes)
         op.due = op.read_at + 0.75 * op.predicted
+        op.gap = min(max(MIN_POLL_S, 0.05 * op.predicted), MAX_POLL_S)
         op.batch_id = self.engine.submit_read(link.segment, local, addr, op.nbytes)
 
     def _copy_inline(self, op: RecvOp, payload: memoryview) -> None:
@@ -254,4 +245,4 @@ class ProtocolMixin:
         raise NotImplementedError
 
     reg_local: bool = True
-    seconds_per_byte: float = 1 / 2e9  # learned from completed reads
+    read_clock: ReadClock  # when reads end, learned from completed ones

@@ -45,6 +45,7 @@ from titan_pp_rdma.driver import (
 from titan_pp_rdma.errors import PPRdmaError, PPRdmaTimeout
 from titan_pp_rdma.ops import Link, Op, RecvOp, SendOp
 from titan_pp_rdma.protocol import ProtocolMixin, flat_bytes
+from titan_pp_rdma.read_clock import ReadClock
 from titan_pp_rdma.wire import CHANNEL_NAMES, describe_key, encode
 
 _DRAIN_EVERY_S = 0.05
@@ -81,6 +82,7 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
         self._last_due: float | None = None
         self._settled = False
         self._drained_at = 0.0
+        self.read_clock = ReadClock()
         self._start_driver(background, rank)
 
     def _slot(self, link: Link, role: str, op: Op) -> torch.Tensor:
