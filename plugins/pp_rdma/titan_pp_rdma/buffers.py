@@ -12,7 +12,7 @@ from titan_pp_rdma.wire import key_nbytes, parse_key
 
 def record_event(t: torch.Tensor) -> Any:
     """An event after the work queued on ``t``'s device (None on CPU, where copies are eager)."""
-    if t.device.type == "cpu":
+    if t.is_cpu:
         return None
     event = getattr(torch, t.device.type).Event()
     event.record()

@@ -111,7 +111,7 @@ class MooncakeEngine:
 
     def register(self, buf: torch.Tensor) -> torch.Tensor:
         """Register a contiguous tensor's memory for remote access; returns it (keep it alive)."""
-        addr, nbytes = buf.data_ptr(), buf.numel() * buf.element_size()
+        addr, nbytes = buf.data_ptr(), buf.nbytes
         location = f"cuda:{buf.device.index or 0}" if buf.is_cuda else "*"
         rc = self._te.register_memory(addr, nbytes, location)
         if rc != 0:

@@ -174,6 +174,9 @@ class ProtocolMixin:
                     "link broke"
                 )
             )
+        # The sender waits for this to reuse its memory: it leaves before our own bookkeeping.
+        link.channel.queue(f"F|{op.ch}|{op.seq}")
+        link.channel.flush()
         if self.stats is not None:
             self.stats.add("transfer", now - op.read_at)
             self.stats.add("poll_lag", now - max(op.polled_at, op.read_at))
@@ -186,12 +189,12 @@ class ProtocolMixin:
         self._finish(link, op, read_done=True)
 
     def _start_read(self, link: Link, op: RecvOp, addr: int) -> None:
-        op.nbytes = op.tensor.numel() * op.tensor.element_size()
+        op.nbytes = op.tensor.nbytes
         if self.direct:
-            dest = flat_bytes(op.tensor.detach())
             # TCP reads need no registered destination; an RDMA NIC does.
-            op.buf = self._timed("register", self.engine.register, dest) if self.reg_local else None
-            local = dest.data_ptr()
+            if self.reg_local:
+                op.buf = self._timed("register", self.engine.register, op.tensor.detach())
+            local = op.tensor.data_ptr()
         else:
             op.buf = self._slot(link, "recv", op)
             local = op.buf.data_ptr()
@@ -205,7 +208,7 @@ class ProtocolMixin:
         op.batch_id = self.engine.submit_read(link.segment, local, addr, op.nbytes)
 
     def _copy_inline(self, op: RecvOp, payload: memoryview) -> None:
-        if op.tensor.device.type == "cpu":  # contiguous (irecv checks): one memmove
+        if op.tensor.is_cpu:  # contiguous (irecv checks): one memmove
             ctypes.memmove(op.tensor.data_ptr(), ctypes.addressof(_c_view(payload)), len(payload))
             return
         with torch.no_grad():
@@ -225,11 +228,7 @@ class ProtocolMixin:
     def _finish(self, link: Link, op: RecvOp, *, read_done: bool) -> None:
         del link.recvs[(op.ch, op.seq)]
         op.done = True
-        effects.count(
-            "read" if read_done else "inline", op.tensor.numel() * op.tensor.element_size()
-        )
-        if read_done:
-            link.channel.queue(f"F|{op.ch}|{op.seq}")
+        effects.count("read" if read_done else "inline", op.tensor.nbytes)
 
     def _mismatch(self, op: RecvOp, key: str) -> None:
         stage = "previous" if op.ch == FWD else "next"

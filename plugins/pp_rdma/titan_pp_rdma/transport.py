@@ -44,7 +44,7 @@ from titan_pp_rdma.driver import (
 )
 from titan_pp_rdma.errors import PPRdmaError, PPRdmaTimeout
 from titan_pp_rdma.ops import Link, Op, RecvOp, SendOp
-from titan_pp_rdma.protocol import ProtocolMixin, flat_bytes
+from titan_pp_rdma.protocol import ProtocolMixin
 from titan_pp_rdma.read_clock import ReadClock
 from titan_pp_rdma.wire import CHANNEL_NAMES, describe_key, encode
 
@@ -95,13 +95,17 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
     # ---------------------------------------------------------------- posting
     def isend(self, tensor: torch.Tensor, peer: int, ch: str) -> SendOp:
         """Post a send of ``tensor`` to ``peer`` on ``ch``; the caller may free it at once."""
-        tensor = tensor.detach()
-        nbytes = tensor.numel() * tensor.element_size()
-        inline = tensor.device.type == "cpu" and nbytes <= self.inline_bytes
+        # (few tensor calls: on a host whose cores sleep between messages each one costs tens of
+        # microseconds the first time, right on the message's critical path)
+        nbytes = tensor.nbytes
+        inline = nbytes <= self.inline_bytes and tensor.is_cpu
         payload = b""
         if inline:  # a copy now: the caller may reuse the tensor as soon as this returns
-            tensor = tensor.contiguous()
+            if not tensor.is_contiguous():
+                tensor = tensor.contiguous()
             payload = ctypes.string_at(tensor.data_ptr(), nbytes)
+        else:  # the detached alias keeps this storage even when the caller swaps `out.data`
+            tensor = tensor.detach()
         with self._lock:
             self._check()
             link = self.links[peer]
@@ -123,13 +127,14 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
                 else:
                     link.unannounced.append(op)
             if not self._batching:
+                link.channel.flush()  # the record leaves before this round's other work
                 self._round()  # answers and reads that arrived meanwhile move on now
         return op
 
     def _stage(self, link: Link, op: SendOp, tensor: torch.Tensor) -> None:
         if self.direct and tensor.is_contiguous():
-            try:  # the detached alias keeps this storage even when the caller swaps `out.data`
-                op.buf = self._timed("register", self.engine.register, flat_bytes(tensor))
+            try:
+                op.buf = self._timed("register", self.engine.register, tensor)
             except PPRdmaError:
                 op.buf = None  # e.g. overlaps a registered region: stage a copy instead
         if op.buf is None:
@@ -143,7 +148,7 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
         assert op.buf is not None
         base = op.buf.data_ptr()
         if base not in link.declared:
-            link.channel.queue(f"M|{base}|{op.buf.numel()}")
+            link.channel.queue(f"M|{base}|{op.buf.nbytes}")
             link.declared.add(base)
         self._stamp(link)
         link.channel.queue(encode("S", op.ch, op.key, op.seq, base))
