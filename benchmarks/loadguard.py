@@ -59,9 +59,10 @@ def describe(args: argparse.Namespace | None = None) -> str:
     )
 
 
-def verdict(met: bool, args: argparse.Namespace | None = None) -> str:
-    """``met`` / ``NOT met``, or why no verdict is given (load before the run above the
-    threshold; the current load when describe() was never called)."""
+def verdict(met: bool, args: argparse.Namespace | None = None, unmet: str = "NOT met") -> str:
+    """``met`` / ``unmet`` (``NOT met`` unless the benchmark says why it is not), or why no
+    verdict is given (load before the run above the threshold; the current load when describe()
+    was never called)."""
     one = _before[0] if _before else load()[0]
     when = "before the run" if _before else "now"
     if one > threshold(args) and not getattr(args, "force", False):
@@ -69,7 +70,7 @@ def verdict(met: bool, args: argparse.Namespace | None = None) -> str:
             f"no verdict: load {one:.2f} {when} > {threshold(args):.2f} (re-run on a quiet "
             "machine or --force)"
         )
-    text = "met" if met else "NOT met"
+    text = "met" if met else unmet
     if one > threshold(args):
         text += f" (forced at load {one:.2f} {when})"
     return text

@@ -212,10 +212,10 @@ def test_a_read_is_first_polled_near_its_predicted_end_not_when_submitted() -> N
     assert len(eb.polls) == 1  # the fake read is done by then: one poll in all
 
 
-def test_a_late_read_is_polled_at_its_predicted_end_then_at_growing_gaps() -> None:
-    """After the first poll (75% of the prediction) saw it pending, the next comes at the
-    predicted end, then at gaps growing 1.5x from 5% of the prediction up to ``MAX_POLL_S``;
-    the completed read teaches its size class how long such reads take."""
+def test_a_pending_read_is_polled_at_short_gaps_growing_once_it_is_late() -> None:
+    """After the first poll (75% of the prediction) saw it pending, the next come every 4% of
+    the prediction until its end, then at gaps growing 1.5x up to ``MAX_POLL_S``; the completed
+    read teaches its size class how long such reads take."""
     from titan_pp_rdma import protocol
 
     a, b, _, eb = pair(direct=True)
@@ -226,26 +226,29 @@ def test_a_late_read_is_polled_at_its_predicted_end_then_at_growing_gaps() -> No
     recv = b.irecv(y, 0, FWD)
     end = recv.read_at + recv.predicted
     assert recv.due == pytest.approx(recv.read_at + 0.75 * recv.predicted)
+    gap = min(max(protocol.MIN_POLL_S, 0.04 * recv.predicted), protocol.MAX_POLL_S)
 
-    def poll_when_due() -> float:
+    def poll_when_due() -> tuple[float, float]:
         while time.perf_counter() < recv.due:
             pass
         before = len(eb.polls)
         b.progress()
         assert len(eb.polls) == before + 1 and not recv.done
-        return recv.polled_at  # when the round that polled it looked at the clock
+        return recv.polled_at, recv.due - recv.polled_at  # when it polled, the gap it set
 
-    poll_when_due()
-    assert recv.due == end  # pending before its predicted end: next at that end
-    gaps = []
-    for _ in range(8):
-        polled = poll_when_due()
-        gaps.append(recv.due - polled)
-    first = min(max(protocol.MIN_POLL_S, 0.05 * recv.predicted), protocol.MAX_POLL_S)
-    assert gaps[0] == pytest.approx(first)
-    assert gaps[1] == pytest.approx(1.5 * first)
-    assert all(g2 >= g1 for g1, g2 in zip(gaps, gaps[1:], strict=False))
-    assert max(gaps) == pytest.approx(protocol.MAX_POLL_S)
+    early = []
+    polled, step = poll_when_due()
+    while polled <= end:
+        early.append(step)
+        polled, step = poll_when_due()
+    # ~6 polls from 75% to 100% of the prediction, each the same 4% apart
+    assert len(early) >= 4 and all(g == pytest.approx(gap) for g in early)
+    late = [step]
+    for _ in range(9):  # 53 us x 1.5 ** 8 > 1 ms
+        late.append(poll_when_due()[1])
+    assert late[0] == pytest.approx(gap) and late[1] == pytest.approx(1.5 * gap)
+    assert all(g2 >= g1 for g1, g2 in zip(late, late[1:], strict=False))
+    assert max(late) == pytest.approx(protocol.MAX_POLL_S)
     eb.reads_pending = False
     last_pending = recv.polled_at
     recv.wait()

@@ -157,13 +157,12 @@ class ProtocolMixin:
         status = self._timed("poll", self.engine.status, op.batch_id)
         if status == 0:
             op.polled_at = now
-            # Next at the predicted end; past it, at gaps growing from 5% of the prediction
-            # (each poll of a late read takes a little of the core its transfer runs on).
-            end = op.read_at + op.predicted
-            if now + MIN_POLL_S < end:
-                op.due = end
-            else:
-                op.due = now + op.gap
+            # Every 4% of the prediction (20 us to 1 ms) until its end; past it, at gaps growing
+            # 1.5x (each poll of a late read takes a little of the core its transfer runs on).
+            # Waiting for the predicted end instead left up to a quarter of it unpolled: 7 ms
+            # of a 33 ms 64 MiB read.
+            op.due = now + op.gap
+            if now > op.read_at + op.predicted:
                 op.gap = min(op.gap * 1.5, MAX_POLL_S)
             return
         if status < 0:
@@ -201,10 +200,10 @@ class ProtocolMixin:
         op.read_at = time.perf_counter()
         # Polling a read before it can have finished only steals the core it needs: the first
         # poll waits for most of its predicted time (learned per size class, ``read_clock``),
-        # the next for its predicted end, later ones at growing gaps (20 us to 1 ms).
+        # later ones every 4% of it, growing once it is late (20 us to 1 ms in all).
         op.predicted = self.read_clock.predict(op.nbytes)
         op.due = op.read_at + 0.75 * op.predicted
-        op.gap = min(max(MIN_POLL_S, 0.05 * op.predicted), MAX_POLL_S)
+        op.gap = min(max(MIN_POLL_S, 0.04 * op.predicted), MAX_POLL_S)
         op.batch_id = self.engine.submit_read(link.segment, local, addr, op.nbytes)
 
     def _copy_inline(self, op: RecvOp, payload: memoryview) -> None:

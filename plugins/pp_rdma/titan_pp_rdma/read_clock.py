@@ -28,7 +28,7 @@ class ReadClock:
         if learned is not None:
             return learned
         # A class not seen yet: the fixed latency plus the bytes at the best rate known. Erring
-        # early costs a few polls (at gaps growing from 5% of the prediction); erring
+        # early costs a few polls (every 4% of the prediction); erring
         # late costs the whole gap, so the optimistic rate is the one to use: the per-byte cost
         # of the largest reads seen (a class holds reads of at least 2**(class-1) bytes).
         rate = self.seconds_per_byte
