@@ -41,7 +41,7 @@ class ReadClock:
         ``pending_at`` (``<= read_at`` when no poll saw it pending) and seen done at ``done_at``.
 
         Only a read that some poll saw pending tells its duration (it ended between that poll and
-        the next). One already done at its first poll may have ended long before: learning that
+        the next), and it moves the estimate more readily down than up. One already done at its first poll may have ended long before: learning that
         would push the next first poll later and the estimate up with it, so the estimate only
         shrinks then (never above what this read took), until polls see reads pending again.
         """
@@ -49,8 +49,12 @@ class ReadClock:
         current = self.predict(nbytes)
         if pending_at > read_at:
             sample = (pending_at + done_at) / 2 - read_at
-            seen = size_class in self._learned  # a class's first measurement replaces the guess
-            estimate = 0.5 * current + 0.5 * sample if seen else sample
+            # A class's first measurement replaces the guess. Later ones pull the estimate down
+            # by half the difference and up by a quarter: one read slowed by a busy core must
+            # not delay the first poll of the next ones (late costs the gap, early a poll).
+            weight = 0.5 if sample < current else 0.25
+            seen = size_class in self._learned
+            estimate = current + weight * (sample - current) if seen else sample
         else:
             estimate = min(0.7 * current, done_at - read_at)
         self._learned[size_class] = min(max(estimate, MIN_S), MAX_S)
