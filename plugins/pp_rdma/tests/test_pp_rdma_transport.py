@@ -241,8 +241,9 @@ def test_a_pending_read_is_polled_at_short_gaps_growing_once_it_is_late() -> Non
     while polled <= end:
         early.append(step)
         polled, step = poll_when_due()
-    # ~6 polls from 75% to 100% of the prediction, each the same 4% apart
-    assert len(early) >= 4 and all(g == pytest.approx(gap) for g in early)
+    # polls from 75% to 100% of the prediction, each the same 4% apart (~6; fewer when this
+    # busy loop is itself slowed, never one jump to the end)
+    assert len(early) >= 2 and all(g == pytest.approx(gap) for g in early)
     late = [step]
     for _ in range(9):  # 53 us x 1.5 ** 8 > 1 ms
         late.append(poll_when_due()[1])

@@ -29,6 +29,7 @@ from titan_pp_rdma.errors import PPRdmaTimeout
 MAX_FRAME = 4 << 20  # largest body accepted; larger frames are split by the sender
 MAX_HELLO = 512
 MAX_PENDING = 16  # unauthenticated connections held at once while a session is set up
+_RECV_BYTES = 1 << 20
 _LEN = struct.Struct("!I")
 _REC = struct.Struct("!HI")
 
@@ -120,7 +121,7 @@ class Channel:
         """Every record of the complete, verified frames that arrived."""
         while not self.eof:
             try:
-                chunk = self.sock.recv(1 << 20)
+                chunk = self.sock.recv(_RECV_BYTES)
             except BlockingIOError:
                 break
             except OSError as exc:
@@ -129,6 +130,10 @@ class Channel:
                 self.eof = True
                 break
             self._in += chunk
+            if len(chunk) < _RECV_BYTES:
+                # The socket had no more: asking again costs a syscall and an exception on the
+                # message's critical path; what arrives meanwhile wakes the next select.
+                break
         records: list[tuple[str, memoryview]] = []
         while not self.broken and len(self._in) >= _LEN.size:
             (length,) = _LEN.unpack_from(self._in, 0)

@@ -85,9 +85,12 @@ class DriverMixin:
         readable = [self._wake_r, *channels]
         writable = [c for c in channels if c.wants_write]
         try:
-            select.select(readable, writable, [], max(timeout, 0.0))
+            ready = select.select(readable, writable, [], max(timeout, 0.0))[0]
         except (OSError, ValueError):  # a socket closed under us: the next round reports it
             time.sleep(min(timeout, 1e-3))
+            ready = [self._wake_r]
+        if self._wake_r not in ready:  # (a recv that fails costs a syscall and an exception)
+            return
         try:
             while self._wake_r.recv(4096):
                 pass
