@@ -155,3 +155,27 @@ def test_held_work_bounds_the_wait_and_releases_storage() -> None:
     held = torch_p2p.HeldWork(FakeWork(), keep=(torch.ones(2),), timeout_s=7)
     assert held.wait()
     assert seen[0].total_seconds() == 7 and held._keep == ()
+
+
+def test_frame_tags_are_hmac_sha256_of_header_and_body_from_a_cached_keyed_state() -> None:
+    """The keyed state is reused across frames (a copy per frame): the tags must be exactly the
+    one-shot HMAC's, per key, and the cache of keyed states must stay bounded."""
+    import hashlib
+    import hmac
+    import struct
+
+    from titan_pp_rdma import security
+
+    keys = [bytes([i]) * 32 for i in range(3)]
+    for body in (b"", b"S|f|float32:4|0|4096", bytes(range(256)) * 300):
+        for counter in (0, 1, 2**40):
+            for key in keys:
+                header = struct.pack("!QQQ", 3, 4, counter)
+                expected = hmac.digest(key, header + body, hashlib.sha256)[:16]
+                assert security.mac(key, 3, 4, counter, body) == expected
+                assert security.verify(key, 3, 4, counter, body, expected)
+                assert not security.verify(key, 4, 3, counter, body, expected)
+    assert security.mac(keys[0], 0, 1, 0, b"x") != security.mac(keys[1], 0, 1, 0, b"x")
+    for i in range(200):
+        security.mac(i.to_bytes(32, "big"), 0, 1, 0, b"x")
+    assert len(security._KEYED) <= security._MAX_KEYED

@@ -28,6 +28,8 @@ _LOCK = threading.Lock()
 REJECTED: Counter[str] = Counter()
 _LAST_LOG: dict[str, float] = {}
 _LOG_EVERY_S = 10.0
+_KEYED: dict[bytes, Any] = {}
+_MAX_KEYED = 64
 
 
 def job_secret(store: Any) -> bytes:
@@ -45,10 +47,27 @@ def session_key(secret: bytes, tag: str) -> bytes:
     return hmac.digest(secret, b"titan_pp_rdma session\0" + tag.encode(), hashlib.sha256)
 
 
+def _keyed(key: bytes) -> Any:
+    """An HMAC-SHA256 state with ``key`` already absorbed (a session uses one key for its life)."""
+    state = _KEYED.get(key)
+    if state is None:
+        if len(_KEYED) >= _MAX_KEYED:  # sessions come and go: never grow without bound
+            _KEYED.clear()
+        state = _KEYED[key] = hmac.new(key, digestmod=hashlib.sha256)
+    return state
+
+
 def mac(key: bytes, sender: int, receiver: int, counter: int, body: bytes) -> bytes:
-    """The tag of one frame (``sender`` -> ``receiver``, the ``counter``-th on that direction)."""
-    header = struct.pack("!QQQ", sender, receiver, counter)
-    return hmac.digest(key, header + body, hashlib.sha256)[:MAC_BYTES]
+    """The tag of one frame (``sender`` -> ``receiver``, the ``counter``-th on that direction).
+
+    HMAC-SHA256 of the header and body, from a copy of the keyed state: the same tag as
+    ``hmac.digest(key, header + body, sha256)`` without the key schedule or a copy of the body
+    per frame (on a core that slept, the one-shot call cost ~60 us of a message's latency).
+    """
+    state = _keyed(key).copy()
+    state.update(struct.pack("!QQQ", sender, receiver, counter))
+    state.update(body)
+    return state.digest()[:MAC_BYTES]
 
 
 def verify(key: bytes, sender: int, receiver: int, counter: int, body: bytes, tag: bytes) -> bool:
