@@ -185,6 +185,8 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
                 yield
             finally:
                 self._batching = False
+                for link in self.links.values():  # the records leave before the round's work
+                    link.channel.flush()
                 self._round()
 
     # ---------------------------------------------------------------- waiting
