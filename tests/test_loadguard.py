@@ -47,3 +47,19 @@ def test_without_a_header_the_current_load_decides(guard):
     mod, state = guard
     state["load"] = 1.7
     assert mod.verdict(True, _args()).startswith("no verdict: load 1.70 now")
+
+
+def test_an_unmet_goal_can_say_why_and_is_still_withheld_when_busy(guard):
+    mod, state = guard
+    mod.describe(_args())
+    why = "NOT met (Mooncake's TCP transport caps any protocol at 0.50x here)"
+    assert mod.verdict(False, _args(), why) == why
+    assert mod.verdict(True, _args(), why) == "met"
+    mod = importlib.reload(mod)
+    state["load"] = 1.9
+    mod.load = lambda: (state["load"], 0.0, 0.0)
+    mod.describe(_args())
+    assert mod.verdict(False, _args(), why).startswith("no verdict")
+    assert (
+        mod.verdict(False, _args(force=True), why) == why + " (forced at load 1.90 before the run)"
+    )
