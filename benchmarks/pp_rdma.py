@@ -60,7 +60,7 @@ ONE_WAY = ("gloo", "pp_rdma", "raw read", "raw write")
 BOUNDS = ("gloo signal", "raw read", "raw write", "raw tiny")  # measured with each ping-pong
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -85,6 +85,21 @@ def _span(t0: float, t1: float, end_rank: int | None = None, alone: bool = False
     if alone and end_rank is not None:
         return end - gathered[end_rank][0].item()
     return end - max(g[0].item() for g in gathered)
+
+
+def begin(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Parse the arguments (with the load guard's), print the load and the command line, and
+    stop with the probe's fix unless Mooncake can run here."""
+    loadguard.add_arguments(parser)
+    args = parser.parse_args()
+    print(loadguard.describe(args))
+    print("command: " + " ".join([os.path.basename(sys.executable), *sys.argv]))
+    from titan_pp_rdma.probe import probe_mooncake
+
+    probe = probe_mooncake()
+    if not probe.available:
+        raise SystemExit(f"Mooncake unavailable: {probe.detail}; fix: {probe.fix}")
+    return args
 
 
 class Raw:
@@ -247,7 +262,7 @@ def loopback(sizes: list[int], reps: int, window: int, args: argparse.Namespace)
     q = ctx.SimpleQueue()
     mp.start_processes(
         _loopback_worker,
-        args=(_free_port(), sizes, reps, window, q),
+        args=(free_port(), sizes, reps, window, q),
         nprocs=2,
         start_method="spawn",
     )
@@ -442,7 +457,7 @@ def gpu_section(sizes: list[int], reps: int, smoke: bool) -> None:
     q = mp.get_context("spawn").SimpleQueue()
     mp.start_processes(
         _gpu_worker,
-        args=(_free_port(), sizes, reps, device, q),
+        args=(free_port(), sizes, reps, device, q),
         nprocs=2,
         start_method="spawn",
     )
@@ -475,15 +490,7 @@ def main() -> None:
     parser.add_argument("--section", choices=("all", "gpu"), default="all",
                         help="gpu: only the GPU section (scripts/gpu_check.sh)")  # fmt: skip
     parser.add_argument("--gpu-smoke", action="store_true", help="run the GPU section tiny on CPU")
-    loadguard.add_arguments(parser)
-    args = parser.parse_args()
-    print(loadguard.describe(args))
-    print("command: " + " ".join([os.path.basename(sys.executable), *sys.argv]))
-    from titan_pp_rdma.probe import probe_mooncake
-
-    probe = probe_mooncake()
-    if not probe.available:
-        raise SystemExit(f"Mooncake unavailable: {probe.detail}; fix: {probe.fix}")
+    args = begin(parser)
     sizes = [k << 10 for k in args.sizes_kib]
     if args.section == "gpu":
         small = [k << 10 for k in (64, 1024)] if args.gpu_smoke else sizes

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
-import sys
 import time
 from typing import Any
 
@@ -30,15 +28,10 @@ import loadguard
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from pp_rdma import begin, free_port  # the other pp_rdma benchmark, in this folder
 
 os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
 WARMUP = 5
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _round(name: str, tr: Any, x: torch.Tensor, y: torch.Tensor, ack: torch.Tensor) -> tuple:
@@ -96,15 +89,7 @@ def main() -> None:
     parser.add_argument("--sizes-kib", type=int, nargs="+", default=[0, 256])
     parser.add_argument("--rounds", type=int, default=45)
     parser.add_argument("--gap-ms", type=float, default=2.0)
-    loadguard.add_arguments(parser)
-    args = parser.parse_args()
-    print(loadguard.describe(args))
-    print("command: " + " ".join([os.path.basename(sys.executable), *sys.argv]))
-    from titan_pp_rdma.probe import probe_mooncake
-
-    probe = probe_mooncake()
-    if not probe.available:
-        raise SystemExit(f"Mooncake unavailable: {probe.detail}; fix: {probe.fix}")
+    args = begin(parser)
     import titan_pp_rdma
 
     print(f"titan_pp_rdma from {os.path.dirname(titan_pp_rdma.__file__)}")
@@ -112,7 +97,7 @@ def main() -> None:
     q = mp.get_context("spawn").SimpleQueue()
     mp.start_processes(
         _worker,
-        args=(_free_port(), sizes, args.rounds, args.gap_ms / 1e3, q),
+        args=(free_port(), sizes, args.rounds, args.gap_ms / 1e3, q),
         nprocs=2,
         start_method="spawn",
     )
