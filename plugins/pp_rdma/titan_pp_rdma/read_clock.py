@@ -28,9 +28,9 @@ class ReadClock:
         if learned is not None:
             return learned
         # A class not seen yet: the fixed latency plus the bytes at the best rate known. Erring
-        # early costs a few polls (every 4% of the prediction); erring
-        # late costs the whole gap, so the optimistic rate is the one to use: the per-byte cost
-        # of the largest reads seen (a class holds reads of at least 2**(class-1) bytes).
+        # early costs a few polls (every 4% of the prediction); erring late costs the whole gap,
+        # so the optimistic rate is the one to use: the per-byte cost of the largest reads seen
+        # (a class holds reads of at least 2**(class-1) bytes).
         rate = self.seconds_per_byte
         for learned_class, seconds in self._learned.items():
             rate = min(rate, seconds / (1 << max(learned_class - 1, 0)))
@@ -41,9 +41,10 @@ class ReadClock:
         ``pending_at`` (``<= read_at`` when no poll saw it pending) and seen done at ``done_at``.
 
         Only a read that some poll saw pending tells its duration (it ended between that poll and
-        the next), and it moves the estimate more readily down than up. One already done at its first poll may have ended long before: learning that
-        would push the next first poll later and the estimate up with it, so the estimate only
-        shrinks then (never above what this read took), until polls see reads pending again.
+        the next), and it moves the estimate more readily down than up. One already done at its
+        first poll may have ended long before: learning that would push the next first poll
+        later and the estimate up with it, so the estimate only shrinks then (never above what
+        this read took), until polls see reads pending again.
         """
         size_class = nbytes.bit_length()
         current = self.predict(nbytes)
