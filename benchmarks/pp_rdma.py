@@ -31,8 +31,9 @@ Prints, each against gloo measured in the same run (ratio > 1: pp_rdma faster; g
 Every time is the median of ``--reps`` rounds; each round starts after a barrier and runs from
 the later rank's start to the later rank's end (``perf_counter`` is one clock for every process
 of a host). Section 2 also gives the CPU time a round costs both processes (every thread,
-``getrusage``): on a machine whose cores are shared, it is what the wall time follows. Prints the load average first; verdicts are withheld on a loaded machine (see
-``loadguard``) unless ``--force``.
+``getrusage``): on a machine whose cores are shared, it is what the wall time follows. Prints
+the load average first; verdicts are withheld on a loaded machine (see ``loadguard``) unless
+``--force``.
 
 Usage: python benchmarks/pp_rdma.py [--reps 9] [--window 4] [--skip-megatron] [--sizes-kib ...]
        python benchmarks/pp_rdma.py --section gpu [--gpu-smoke]

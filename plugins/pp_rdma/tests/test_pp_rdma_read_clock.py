@@ -1,4 +1,4 @@
-"""When reads are predicted to end (``read_clock``): per size class, learned from completed reads."""
+"""When reads are predicted to end (``read_clock``): per size class, learned from past reads."""
 
 from __future__ import annotations
 
