@@ -191,6 +191,32 @@ def test_small_cpu_tensors_travel_inline_and_large_ones_by_read(direct: bool) ->
     assert not b.links[0].regions if direct else b.links[0].regions
 
 
+def test_inline_frames_larger_than_one_receive_arrive_whole() -> None:
+    """A receive stops reading when the socket had less than it asked for (no syscall that is
+    known to fail): frames of several MiB, which arrive over several receives and several
+    wake-ups, must still be taken whole and in order."""
+    effects.reset()
+    a, b, _, _ = pair(direct=True)
+    a.inline_bytes = 4 << 20  # TITAN_PP_RDMA_INLINE_BYTES raised: multi-MiB control frames
+    sent = [
+        torch.arange(n, dtype=torch.float32) * k for k, n in ((1, 700_000), (2, 3), (3, 900_000))
+    ]
+    got = [torch.empty_like(t) for t in sent]
+    recvs = [b.irecv(g, 0, FWD) for g in got]
+    for t in sent:  # the socket buffer cannot hold them all: the sender flushes as the peer reads
+        a.isend(t, 1, FWD)
+    deadline = time.monotonic() + 10
+    while not all(r.done for r in recvs) and time.monotonic() < deadline:
+        a.progress()
+        b.progress()
+    assert all(r.done for r in recvs)
+    assert all(g.equal(t) for g, t in zip(got, sent, strict=True))
+    assert effects.effects() == {
+        "inline_messages": 3,
+        "inline_bytes": sum(t.numel() * 4 for t in sent),
+    }
+
+
 def test_a_read_is_first_polled_near_its_predicted_end_not_when_submitted() -> None:
     """Polling a read that was just submitted only takes the core its transfer needs: the first
     poll waits for ``op.due`` (most of the read's predicted time)."""
