@@ -731,6 +731,15 @@ typedef struct {
     Py_ssize_t bad;
 } taker;
 
+/* the 9 fields into a new tuple: new references, except the end (items[1]), whose reference
+ * moves into the tuple */
+static void fill_op(PyObject *tuple, PyObject **items) {
+    for (int f = 0; f < 9; f++) {
+        if (f != 1) Py_INCREF(items[f]);
+        PyTuple_SET_ITEM(tuple, f, items[f]);
+    }
+}
+
 /* Op(ts, end, k, "", corr, "", -1, False, nan), built as tuple.__new__ builds it */
 static PyObject *new_op(taker *t, PyObject *tsf, double end, PyObject *k, PyObject *corr) {
     PyObject *endf = PyFloat_FromDouble(end);
@@ -744,10 +753,7 @@ static PyObject *new_op(taker *t, PyObject *tsf, double end, PyObject *k, PyObje
         Py_DECREF(endf);
         return NULL;
     }
-    for (int f = 0; f < 9; f++) {
-        if (f != 1) Py_INCREF(items[f]); /* endf's reference moves into the Op */
-        PyTuple_SET_ITEM(op, f, items[f]);
-    }
+    fill_op(op, items);
     return op;
 #else /* 3.14+ tuples cache their hash: tuple.__new__ sets the object up */
     PyObject *fields = PyTuple_New(9);
@@ -755,10 +761,7 @@ static PyObject *new_op(taker *t, PyObject *tsf, double end, PyObject *k, PyObje
         Py_DECREF(endf);
         return NULL;
     }
-    for (int f = 0; f < 9; f++) {
-        if (f != 1) Py_INCREF(items[f]);
-        PyTuple_SET_ITEM(fields, f, items[f]);
-    }
+    fill_op(fields, items);
     PyObject *call = PyTuple_Pack(1, fields);
     Py_DECREF(fields);
     if (call == NULL) return NULL;
@@ -1010,6 +1013,19 @@ static PyObject *union_any(PyObject *self, PyObject *args) {
  * then, with clip bounds, intervals.clip: a run is kept when b > lo and a < hi, as
  * [max(a, lo), min(b, hi)] with Python's tie rules (the first argument unless the second is
  * strictly beyond it: -0.0 and 0.0 stay what they were) */
+/* out.append([a, b]); -1 on error */
+static int append_run(PyObject *out, PyObject *a, PyObject *b) {
+    PyObject *run = PyList_New(2);
+    if (run == NULL) return -1;
+    Py_INCREF(a);
+    Py_INCREF(b);
+    PyList_SET_ITEM(run, 0, a);
+    PyList_SET_ITEM(run, 1, b);
+    int rc = PyList_Append(out, run);
+    Py_DECREF(run);
+    return rc;
+}
+
 static PyObject *merge(run_item *items, Py_ssize_t n, double gap, bounds clip) {
     PyObject *out = PyList_New(0);
     if (out == NULL || n == 0) return out;
@@ -1020,31 +1036,14 @@ static PyObject *merge(run_item *items, Py_ssize_t n, double gap, bounds clip) {
             continue;
         }
         PyObject *a = lo, *b = hi;
+        int keep = 1;
         if (clip.lo != NULL) {
             double clo = PyFloat_AS_DOUBLE(clip.lo), chi = PyFloat_AS_DOUBLE(clip.hi);
-            int keep = PyFloat_AS_DOUBLE(hi) > clo && PyFloat_AS_DOUBLE(lo) < chi;
+            keep = PyFloat_AS_DOUBLE(hi) > clo && PyFloat_AS_DOUBLE(lo) < chi;
             if (clo > PyFloat_AS_DOUBLE(lo)) a = clip.lo;
             if (chi < PyFloat_AS_DOUBLE(hi)) b = clip.hi;
-            if (!keep) {
-                if (i < n) {
-                    lo = items[i].lo;
-                    hi = items[i].hi;
-                }
-                continue;
-            }
         }
-        PyObject *run = PyList_New(2);
-        if (run == NULL) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        Py_INCREF(a);
-        Py_INCREF(b);
-        PyList_SET_ITEM(run, 0, a);
-        PyList_SET_ITEM(run, 1, b);
-        int rc = PyList_Append(out, run);
-        Py_DECREF(run);
-        if (rc < 0) {
+        if (keep && append_run(out, a, b) < 0) {
             Py_DECREF(out);
             return NULL;
         }
