@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from titan_pp_rdma import effects, security
+from titan_pp_rdma import driver, effects, security
 from titan_pp_rdma import transport as transport_mod
 from titan_pp_rdma.channel import Channel
 from titan_pp_rdma.ops import Link
@@ -68,11 +68,14 @@ class FakeEngine:
 KEY = security.session_key(b"k" * 32, "t")
 
 
-def pair(direct: bool) -> tuple[MooncakeTransport, MooncakeTransport, FakeEngine, FakeEngine]:
-    """Two transports (ranks 0 and 1) joined by authenticated channels over a socket pair."""
+def pair(
+    direct: bool, background: bool = False
+) -> tuple[MooncakeTransport, MooncakeTransport, FakeEngine, FakeEngine]:
+    """Two transports (ranks 0 and 1) joined by authenticated channels over a socket pair
+    (``background``: with their helper threads)."""
     ea, eb = FakeEngine(), FakeEngine()
     sa, sb = socket.socketpair()
-    kw = dict(direct=direct, timeout_s=5.0, device=torch.device("cpu"), background=False)
+    kw = dict(direct=direct, timeout_s=5.0, device=torch.device("cpu"), background=background)
     a = MooncakeTransport(ea, 0, {1: Link("b", Channel(sa, KEY, 0, 1))}, "t", **kw)
     b = MooncakeTransport(eb, 1, {0: Link("a", Channel(sb, KEY, 1, 0))}, "t", **kw)
     return a, b, ea, eb
@@ -550,3 +553,71 @@ def test_the_listener_accepts_only_proven_neighbours() -> None:
         s.close()
     got[0].close()
     real.close()
+
+
+# ---------------------------------------------------------------------- the helper thread
+def _helper_rounds(monkeypatch: pytest.MonkeyPatch, t: MooncakeTransport) -> list[float]:
+    """When ``t``'s helper thread ran each of its progress rounds (the caller's are not listed)."""
+    real_round, log = t._round, []
+
+    def round_() -> float | None:
+        if threading.current_thread() is t._thread:
+            log.append(time.perf_counter())
+        return real_round()
+
+    monkeypatch.setattr(t, "_round", round_)
+    return log
+
+
+def _until(condition: Any, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1e-3)
+    return True
+
+
+def test_the_helper_runs_no_rounds_while_only_inline_receives_are_outstanding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A receive the peer sends inline completes in its owner's wait with no transfer to
+    overlap: the helper leaves it alone (each of its rounds takes the GIL from a computing
+    training thread; it ran one every millisecond while any op was outstanding) and the
+    receive still completes in the wait."""
+    monkeypatch.setattr(driver, "IDLE_TICK_S", 30.0)  # asleep unless woken
+    a, b, _, _ = pair(direct=True, background=True)
+    try:
+        rounds = _helper_rounds(monkeypatch, b)
+        assert _until(lambda: b._helper_idle), "the helper never went idle"
+        y = torch.empty(100)
+        recv = b.irecv(y, 0, FWD)
+        before = len(rounds)
+        b._poke()  # as its tick would: it looks at what is outstanding once
+        time.sleep(0.2)  # the training thread "computes"
+        extra = len(rounds) - before
+        assert extra <= 1, f"{extra} helper rounds in 0.2 s for an inline receive"
+        a.isend(torch.arange(100.0), 1, FWD)
+        recv.wait()
+        assert y.equal(torch.arange(100.0))
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_post_that_gives_the_idle_helper_work_wakes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A receive too large to travel inline needs its read started and polled while the owner
+    computes, and a send's read-done answered: the posts wake the idle helpers, which complete
+    both ops with no wait or progress call from either owner."""
+    monkeypatch.setattr(driver, "IDLE_TICK_S", 30.0)  # asleep unless woken
+    a, b, _, eb = pair(direct=True, background=True)
+    try:
+        assert _until(lambda: a._helper_idle and b._helper_idle), "the helpers never went idle"
+        x, y = big(3.0), torch.empty_like(big())
+        recv = b.irecv(y, 0, FWD)
+        send = a.isend(x, 1, FWD)
+        assert _until(lambda: recv.done and send.done), "the idle helpers were not woken"
+        assert y.equal(x) and eb.reads == 1
+    finally:
+        a.close()
+        b.close()

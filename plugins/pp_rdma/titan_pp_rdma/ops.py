@@ -59,6 +59,7 @@ class RecvOp(Op):
         self.predicted = 0.0  # expected duration of the read
         self.gap = 0.0  # between polls once the read is late
         self.polled_at = 0.0  # last poll that found it still pending
+        self.inline = False  # small enough that the peer sends it inside its announce
         # direct mode on a GPU: kernels queued before the post may still use this memory (the
         # caching allocator recycles it stream-ordered); a NIC write is not stream-ordered.
         self.event: Any = None
@@ -86,3 +87,15 @@ class Link:
     def outstanding(self) -> bool:
         """Whether any op of this link still needs the peer."""
         return bool(self.sends or self.recvs or self.unannounced)
+
+    def needs_ticks(self) -> bool:
+        """Whether anything outstanding moves only if somebody acts before the owner waits:
+        a read to start or poll, a read-done to answer, device work to watch. A receive the
+        peer sends inline completes in the owner's own wait with no transfer to overlap."""
+        return bool(
+            self.sends
+            or self.unannounced
+            or self.busy_slots
+            or self.channel.wants_write
+            or any(not op.inline for op in self.recvs.values())
+        )
