@@ -9,13 +9,15 @@ While the training thread computes with ops outstanding that need someone to act
 waits (a read to start or poll, a read-done to answer, device work to watch: ``Link.needs_ticks``),
 a helper thread runs a round every ``TICK_S`` (sooner when a transfer is due), so reads start and
 read-done answers go out during compute. It wakes only on its own timer, never on a control
-socket or when the training thread leaves a wait: a second thread made runnable at those moments
-competes for the GIL and the core exactly when the message is on its critical path (that doubled
-a small round trip). It does nothing while a ``wait`` drives. With nothing to act on - no ops, or
-only receives the peer sends inline, which complete in the owner's own wait with nothing to
-overlap - it sleeps ``IDLE_TICK_S``, and the post that gives it work wakes it: each round it ran
-every few milliseconds took the GIL from a computing training thread (in the PP=2 x VPP=2
-benchmark step, ~140 rounds per step on each rank cost ~9% of the step).
+socket or when the training thread posts or leaves a wait: a second thread made runnable at those
+moments competes for the GIL and the core exactly when the message is on its critical path (that
+doubled a small round trip; waking it from the posts that give it work made the ping-pong
+benchmark 10-20% slower). It does nothing while a ``wait`` drives. Otherwise - no ops, or only
+receives the peer sends inline, which complete in the owner's own wait with nothing to overlap -
+it only looks every ``IDLE_TICK_S`` whether that changed and runs a round every
+``HOUSEKEEPING_S``: in the PP=2 x VPP=2 benchmark step (32 KiB messages, all inline) it ran
+132-154 rounds per step on each rank, each taking the GIL from a computing training thread, and
+now runs 12.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ FIRST_NAP_S = 1e-5
 MAX_NAP_S = 1e-4  # a waiting rank polls a transfer in flight at least this often
 IDLE_S = 0.5  # longest sleep when only a socket can bring news
 TICK_S = 1e-3  # the helper's round interval while ops need it
-IDLE_TICK_S = 5e-2  # and while none does (housekeeping: Mooncake's inbox, a dead peer)
+IDLE_TICK_S = 5e-3  # how often it looks whether they do, otherwise (no round: a glance)
+HOUSEKEEPING_S = 5e-2  # and runs a round anyway (Mooncake's inbox, a peer that died)
 FINE_SLACK_NS = 1000
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 _LIBC: Any = None
@@ -72,7 +75,6 @@ class DriverMixin:
     def _start_driver(self, background: bool, rank: int) -> None:
         self._waiting = 0
         self._closed = False
-        self._helper_idle = False  # the helper sleeps IDLE_TICK_S: a post with work wakes it
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -85,10 +87,9 @@ class DriverMixin:
         _LIVE.add(self)
 
     def _block(self, timeout: float, sockets: bool = True) -> None:
-        """Sleep at most ``timeout`` until a control socket needs us (``sockets``: a wait), or
-        until a poke (the helper's own wake-up socket: a wait must not swallow its pokes)."""
+        """Sleep until a control socket (if ``sockets``) or a poke needs us, at most ``timeout``."""
         channels = [ln.channel for ln in self.links.values() if sockets and not ln.channel.eof]
-        readable = channels if sockets else [self._wake_r]
+        readable = [self._wake_r, *channels]
         writable = [c for c in channels if c.wants_write]
         try:
             ready = select.select(readable, writable, [], max(timeout, 0.0))[0]
@@ -112,34 +113,30 @@ class DriverMixin:
     def _needs_ticks(self) -> bool:
         return any(ln.needs_ticks() for ln in self.links.values())
 
-    def _wake_helper(self) -> None:
-        """A post gave the idle helper work (lock held): wake it instead of waiting its tick."""
-        if self._helper_idle:
-            self._helper_idle = False
-            self._poke()
-
     def _drive(self) -> None:
         """The helper thread: a progress round every tick while the training thread computes."""
         timer_slack(FINE_SLACK_NS)
+        last_round = time.monotonic()
         while not self._closed:
             if self._waiting or self.error is not None:  # the training thread drives
                 self._block(TICK_S, sockets=False)
                 continue
-            due = None
+            due, busy = None, False
             with self._lock:
                 if self._closed:
                     break
-                try:
-                    due = self._round()
-                except PPRdmaError:
-                    pass  # recorded in self.error; the training thread raises it
-                except Exception as exc:  # a bug must surface, not kill progress silently
-                    self.error = PPRdmaError(f"pp_rdma: progress thread failed: {exc!r}")
-                busy = self.error is None and self._needs_ticks()
-                self._helper_idle = not busy  # set under the lock: no post can miss it
+                now = time.monotonic()
+                if self._needs_ticks() or now - last_round >= HOUSEKEEPING_S:
+                    last_round = now
+                    try:
+                        due = self._round()
+                    except PPRdmaError:
+                        pass  # recorded in self.error; the training thread raises it
+                    except Exception as exc:  # a bug must surface, not kill progress silently
+                        self.error = PPRdmaError(f"pp_rdma: progress thread failed: {exc!r}")
+                    busy = self.error is None and self._needs_ticks()
             if not busy:
                 self._block(IDLE_TICK_S, sockets=False)
-                self._helper_idle = False
             else:
                 early = TICK_S if due is None else due - time.perf_counter()
                 self._block(min(max(early, FIRST_NAP_S), TICK_S), sockets=False)

@@ -126,7 +126,6 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
                     self._announce(link, op)
                 else:
                     link.unannounced.append(op)
-                self._wake_helper()  # the read-done (or the device work) needs answering
             if not self._batching:
                 link.channel.flush()  # the record leaves before this round's other work
                 self._round()  # answers and reads that arrived meanwhile move on now
@@ -169,10 +168,8 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
             op = RecvOp(self, peer, ch, tensor, link.recv_seq[ch])
             op.posted_at = time.perf_counter()
             # (the peer's setting is assumed equal to ours; if it is not, a read starts at the
-            # next round of the helper's or of a wait, no later than IDLE_TICK_S)
+            # next round of a wait or post, or the helper's, no later than HOUSEKEEPING_S)
             op.inline = tensor.nbytes <= self.inline_bytes and tensor.is_cpu
-            if not op.inline:
-                self._wake_helper()  # an announce to answer with a read, and that read to poll
             link.recv_seq[ch] += 1
             self._settled = False
             if self.direct:
