@@ -22,7 +22,9 @@ Prints, each against gloo measured in the same run (ratio > 1: pp_rdma faster; g
    under ``overlap_p2p_comm``);
 3. where pp_rdma's time goes, per phase (``titan_pp_rdma.stats``), in extra ping-pong rounds;
 4. PP=2 x VPP=2 step time of the tiny MoE GPT through megatron-core's schedules
-   (``overlap_p2p_comm``), plugin on (Mooncake) vs off (gloo), checked for identical losses;
+   (``overlap_p2p_comm``), plugin on (Mooncake) vs off (gloo), checked for identical losses,
+   ``--reps`` reps in alternating order, each variant's ratio paired with the gloo run of its
+   own rep (median and quartiles);
 5. on a CUDA machine only (``gpu_section``, alone with ``--section gpu``): device tensors over
    Mooncake (protocol auto, i.e. RDMA when a NIC is visible, ring buffers) vs NCCL send/recv
    (two GPUs) or gloo through host memory (one GPU shared by both ranks); ``--gpu-smoke`` runs
@@ -59,6 +61,7 @@ os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
 SIZES_KIB = (256, 1024, 4096, 16384, 65536)
 ONE_WAY = ("gloo", "pp_rdma", "raw read", "raw write")
 BOUNDS = ("gloo signal", "raw read", "raw write", "raw tiny")  # measured with each ping-pong
+STEPS = 3  # timed training steps per run of section 4 (after one warm-up step)
 
 
 def free_port() -> int:
@@ -352,7 +355,13 @@ def step_task(env: dict | None, steps: int, hidden: int) -> dict:
 
 
 def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
-    """Section 3: tiny GPT PP=2 x VPP=2 step time, plugin (Mooncake) vs off (gloo)."""
+    """Section 4: tiny GPT PP=2 x VPP=2 step time, plugin (Mooncake) vs off (gloo).
+
+    Each rep runs every variant once, in an order reversed every other rep (a drift of the
+    machine's speed across a rep then biases no variant); a variant's ratio is the median of
+    its per-rep ratios to the gloo run of the same rep (paired: this machine's speed drifts
+    by 2x within minutes, far more than the difference measured), with their quartiles.
+    """
     from titan_plugins.testing.workers import GlooWorkerPool
 
     runs = {
@@ -367,24 +376,38 @@ def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
     times: dict[str, list[float]] = {name: [] for name in runs}
     losses: dict[str, list] = {}
     with GlooWorkerPool(2) as pool:
-        for _ in range(reps):
-            for name, env in runs.items():
-                out = pool.run(step_task, env, 3, hidden, timeout=600)
+        for rep in range(reps):
+            order = list(runs) if rep % 2 == 0 else list(reversed(runs))
+            for name in order:
+                out = pool.run(step_task, runs[name], STEPS, hidden, timeout=600)
                 times[name].append(max(r["s_per_step"] for r in out))
                 losses[name] = out[1]["losses"]
-    base = statistics.median(times["gloo (plugin off)"])
+    base = times["gloo (plugin off)"]
     from titan_plugins.testing import tiny_gpt
 
     kib = tiny_gpt.SEQ * tiny_gpt.MBS * hidden * 4 >> 10
     print(
         f"\n4. PP=2 x VPP=2 tiny GPT (hidden {hidden}, {kib} KiB per pipeline message, "
-        f"8 microbatches), median of {reps}:"
+        f"8 microbatches, {STEPS} steps per run), {reps} reps, ratio = median over reps of "
+        "gloo's time / the variant's in the same rep [quartiles]:"
     )
     for name in runs:
-        t = statistics.median(times[name])
+        paired = [g / t for g, t in zip(base, times[name], strict=True)]
+        ratio, (q1, _, q3) = statistics.median(paired), _quartiles(paired)
         same = "same losses" if losses[name] == losses["gloo (plugin off)"] else "LOSSES DIFFER"
-        verdict = loadguard.verdict(base / t >= 1.0, args) if name == "mooncake" else ""
-        print(f"  {name:28s} {t * 1e3:7.1f} ms/step  ratio {base / t:5.2f}x  ({same})  {verdict}")
+        verdict = loadguard.verdict(ratio >= 1.0, args) if name == "mooncake" else ""
+        print(
+            f"  {name:28s} {statistics.median(times[name]) * 1e3:7.1f} ms/step  "
+            f"ratio {ratio:5.2f}x [{q1:4.2f}-{q3:4.2f}]  ({same})  {verdict}"
+        )
+
+
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    """First quartile, median, third quartile (the values themselves when fewer than 2)."""
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
 
 
 def _gpu_worker(rank: int, port: int, sizes: list[int], reps: int, device: str, q: Any) -> None:
@@ -500,7 +523,7 @@ def main() -> None:
     if not args.skip_loopback:
         loopback(sizes, args.reps, args.window, args)
     if not args.skip_megatron:
-        pp2_step_time(max(1, args.reps // 2), args.hidden, args)
+        pp2_step_time(args.reps, args.hidden, args)
     gpu_section(sizes, args.reps, smoke=False)
     print("\n" + loadguard.describe(args) + "  (at the end)")
 
