@@ -349,9 +349,23 @@ def step_task(env: dict | None, steps: int, hidden: int) -> dict:
         )
         chunks = tiny_gpt.build_model(cfg, vpp=2)
         tiny_gpt.train(chunks, cfg, steps=1, num_microbatches=8)  # warm-up (buffers, handshake)
+        rounds = _helper_rounds()
         start = time.perf_counter()
         losses, _ = tiny_gpt.train(chunks, cfg, steps=steps, num_microbatches=8)
-        return {"s_per_step": (time.perf_counter() - start) / steps, "losses": losses}
+        elapsed = time.perf_counter() - start
+        after = _helper_rounds()
+        per_step = None if rounds is None or after is None else (after - rounds) / steps
+        return {"s_per_step": elapsed / steps, "losses": losses, "helper_rounds": per_step}
+
+
+def _helper_rounds() -> int | None:
+    """Progress rounds the pp_rdma helper threads of this process ran so far (None: no
+    Mooncake session, or a pp_rdma without the counter)."""
+    from titan_pp_rdma.session import STATE
+
+    counts = [getattr(s.transport, "helper_rounds", None) for s in STATE.sessions.values()]
+    counts = [c for c in counts if c is not None]
+    return sum(counts) if counts else None
 
 
 def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
@@ -374,6 +388,7 @@ def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
         "torch fallback (plugin on)": {"TITAN_PP_RDMA_BACKEND": "torch"},
     }
     times: dict[str, list[float]] = {name: [] for name in runs}
+    rounds: dict[str, list[float]] = {name: [] for name in runs}
     losses: dict[str, list] = {}
     with GlooWorkerPool(2) as pool:
         for rep in range(reps):
@@ -381,6 +396,7 @@ def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
             for name in order:
                 out = pool.run(step_task, runs[name], STEPS, hidden, timeout=600)
                 times[name].append(max(r["s_per_step"] for r in out))
+                rounds[name] += [r["helper_rounds"] for r in out if r["helper_rounds"] is not None]
                 losses[name] = out[1]["losses"]
     base = times["gloo (plugin off)"]
     from titan_plugins.testing import tiny_gpt
@@ -396,9 +412,14 @@ def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
         ratio, (q1, _, q3) = statistics.median(paired), _quartiles(paired)
         same = "same losses" if losses[name] == losses["gloo (plugin off)"] else "LOSSES DIFFER"
         verdict = loadguard.verdict(ratio >= 1.0, args) if name == "mooncake" else ""
+        helper = (
+            f"  helper rounds per step and rank {statistics.median(rounds[name]):.0f}"
+            if rounds[name]
+            else ""
+        )
         print(
             f"  {name:28s} {statistics.median(times[name]) * 1e3:7.1f} ms/step  "
-            f"ratio {ratio:5.2f}x [{q1:4.2f}-{q3:4.2f}]  ({same})  {verdict}"
+            f"ratio {ratio:5.2f}x [{q1:4.2f}-{q3:4.2f}]  ({same})  {verdict}{helper}"
         )
 
 

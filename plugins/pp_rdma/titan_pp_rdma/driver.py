@@ -75,6 +75,7 @@ class DriverMixin:
     def _start_driver(self, background: bool, rank: int) -> None:
         self._waiting = 0
         self._closed = False
+        self.helper_rounds = 0  # rounds the helper ran (benchmarks: each took the GIL)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -128,6 +129,7 @@ class DriverMixin:
                 now = time.monotonic()
                 if self._needs_ticks() or now - last_round >= HOUSEKEEPING_S:
                     last_round = now
+                    self.helper_rounds += 1
                     try:
                         due = self._round()
                     except PPRdmaError:
