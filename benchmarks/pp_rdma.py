@@ -354,8 +354,12 @@ def step_task(env: dict | None, steps: int, hidden: int) -> dict:
         losses, _ = tiny_gpt.train(chunks, cfg, steps=steps, num_microbatches=8)
         elapsed = time.perf_counter() - start
         after = _helper_rounds()
-        per_step = None if rounds is None or after is None else (after - rounds) / steps
-        return {"s_per_step": elapsed / steps, "losses": losses, "helper_rounds": per_step}
+    if env is not None:  # the pool's next run starts without this one's session and helper
+        from titan_pp_rdma import session
+
+        session.reset()
+    per_step = None if rounds is None or after is None else (after - rounds) / steps
+    return {"s_per_step": elapsed / steps, "losses": losses, "helper_rounds": per_step}
 
 
 def _helper_rounds() -> int | None:
