@@ -11,13 +11,13 @@ a helper thread runs a round every ``TICK_S`` (sooner when a transfer is due), s
 read-done answers go out during compute. It wakes only on its own timer, never on a control
 socket or when the training thread posts or leaves a wait: a second thread made runnable at those
 moments competes for the GIL and the core exactly when the message is on its critical path (that
-doubled a small round trip; waking it from the posts that give it work made the ping-pong
-benchmark 10-20% slower). It does nothing while a ``wait`` drives. Otherwise - no ops, or only
+doubled a small round trip; waking it from the posts that give it work lowered the ping-pong
+benchmark's ratio by 8-23%). It does nothing while a ``wait`` drives. Otherwise - no ops, or only
 receives the peer sends inline, which complete in the owner's own wait with nothing to overlap -
 it only looks every ``IDLE_TICK_S`` whether that changed and runs a round every
 ``HOUSEKEEPING_S``: in the PP=2 x VPP=2 benchmark step (32 KiB messages, all inline) it ran
 132-154 rounds per step on each rank, each taking the GIL from a computing training thread, and
-now runs 12.
+now runs 9-12.
 """
 
 from __future__ import annotations
