@@ -37,7 +37,8 @@ of a host). Section 2 also gives the CPU time a round costs both processes (ever
 the load average first; verdicts are withheld on a loaded machine (see ``loadguard``) unless
 ``--force``.
 
-Usage: python benchmarks/pp_rdma.py [--reps 9] [--window 4] [--skip-megatron] [--sizes-kib ...]
+Usage: [TITAN_PP_RDMA_*=...] python benchmarks/pp_rdma.py [--reps 9] [--window 4] [--skip-megatron]
+           [--sizes-kib ...]   (the knobs apply to sections 1-3, except backend and timeout)
        python benchmarks/pp_rdma.py --section gpu [--gpu-smoke]
 """
 
@@ -192,7 +193,10 @@ def _loopback_worker(rank: int, port: int, sizes: list[int], reps: int, window: 
     except ImportError:  # an older pp_rdma (A/B runs against main): no phase timers
         PhaseStats = None
 
-    session = open_session(dist.group.WORLD, PPRdmaSettings(backend="mooncake", timeout_s=60))
+    # The TITAN_PP_RDMA_* knobs apply (e.g. TITAN_PP_RDMA_INLINE_BYTES=1M sends every size up to
+    # 1 MiB inline), except the backend and the timeout, which the benchmark needs.
+    settings = PPRdmaSettings.from_env()._replace(backend="mooncake", timeout_s=60)
+    session = open_session(dist.group.WORLD, settings)
     tr = session.transport
     raw = Raw(STATE.engine, max(sizes))
     times: dict[tuple[str, int, int], list[float]] = {}
