@@ -178,7 +178,8 @@ class ProtocolMixin:
         link.channel.flush()
         if self.stats is not None:
             self.stats.add("transfer", now - op.read_at)
-            self.stats.add("poll_lag", now - max(op.polled_at, op.read_at))
+            if op.polled_at:  # (a read done at its first poll says nothing about the interval)
+                self.stats.add("poll_lag", now - op.polled_at)
         self.read_clock.learn(op.nbytes, op.read_at, op.polled_at, now)
         if op.pooled:
             self._timed("stage_copy", self._copy_out, link, op)

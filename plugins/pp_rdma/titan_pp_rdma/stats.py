@@ -18,7 +18,7 @@ PHASES = {
     "stage_copy": "copies into / out of registered slots, inline payloads",
     "transfer": "Mooncake read, submitted -> seen complete",
     "poll": "one check of a read's status (the count: polls per read x reads)",
-    "poll_lag": "read seen pending for the last time -> seen complete (polling interval)",
+    "poll_lag": "read seen pending for the last time -> seen complete (reads seen pending)",
     "release_wait": "send announced -> the receiver's read-done handled",
 }
 
