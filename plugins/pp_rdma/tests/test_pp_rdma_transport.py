@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import select
 import socket
 import threading
 import time
@@ -623,3 +624,28 @@ def test_an_idle_helper_takes_up_a_transfer_posted_meanwhile(
         a.close()
         b.close()
     assert b.helper_rounds == len(rounds)  # (what the benchmark reports) the helper stopped
+
+
+def test_the_helper_polls_a_read_of_a_receive_it_expected_inline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A peer with a smaller inline size sends a small tensor by read: once the owner's round
+    started that read, the helper polls it to completion (and answers the read-done) with no
+    further call from the owner, as for any read."""
+    monkeypatch.setattr(driver, "HOUSEKEEPING_S", 30.0)
+    a, b, _, eb = pair(direct=True, background=True)
+    a.inline_bytes = 0  # every tensor of rank 0 travels by read
+    try:
+        y = torch.empty(100)
+        recv = b.irecv(y, 0, FWD)  # expected inline: the helper leaves it alone
+        send = a.isend(torch.arange(100.0), 1, FWD)
+        assert select.select([b.links[0].channel], [], [], 10.0)[0], "no announce arrived"
+        eb.reads_pending = True  # until the owner's round has returned
+        b.progress()  # the owner's round: the announce arrives and the read starts
+        assert eb.reads == 1 and not recv.done
+        eb.reads_pending = False  # landed: only a poll can tell now
+        assert _until(lambda: recv.done and send.done), "nobody polled the read"
+        assert y.equal(torch.arange(100.0))
+    finally:
+        a.close()
+        b.close()

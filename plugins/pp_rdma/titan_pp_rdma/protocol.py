@@ -190,6 +190,7 @@ class ProtocolMixin:
 
     def _start_read(self, link: Link, op: RecvOp, addr: int) -> None:
         op.nbytes = op.tensor.nbytes
+        op.inline = False  # (a peer with a smaller inline size) the helper polls it from now on
         if self.direct:
             # TCP reads need no registered destination; an RDMA NIC does.
             if self.reg_local:

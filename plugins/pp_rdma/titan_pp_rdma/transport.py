@@ -167,8 +167,9 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
             link = self.links[peer]
             op = RecvOp(self, peer, ch, tensor, link.recv_seq[ch])
             op.posted_at = time.perf_counter()
-            # (the peer's setting is assumed equal to ours; if it is not, a read starts at the
-            # next round of a wait or post, or the helper's, no later than HOUSEKEEPING_S)
+            # (the peer's setting is assumed equal to ours; if it is not, the read starts at the
+            # next round of a wait or post, or the helper's, no later than HOUSEKEEPING_S, and
+            # the helper polls it from then on)
             op.inline = tensor.nbytes <= self.inline_bytes and tensor.is_cpu
             link.recv_seq[ch] += 1
             self._settled = False
