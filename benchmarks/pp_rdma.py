@@ -417,7 +417,7 @@ def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
     )
     for name in runs:
         paired = [g / t for g, t in zip(base, times[name], strict=True)]
-        ratio, (q1, _, q3) = statistics.median(paired), _quartiles(paired)
+        q1, ratio, q3 = _quartiles(paired)
         same = "same losses" if losses[name] == losses["gloo (plugin off)"] else "LOSSES DIFFER"
         verdict = loadguard.verdict(ratio >= 1.0, args) if name == "mooncake" else ""
         helper = (
@@ -432,11 +432,11 @@ def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
 
 
 def _quartiles(values: list[float]) -> tuple[float, float, float]:
-    """First quartile, median, third quartile (the values themselves when fewer than 2)."""
+    """First quartile, median, third quartile (the value itself when there is one)."""
     if len(values) < 2:
         return values[0], values[0], values[0]
-    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return q1, q2, q3
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, statistics.median(values), q3
 
 
 def _gpu_worker(rank: int, port: int, sizes: list[int], reps: int, device: str, q: Any) -> None:
