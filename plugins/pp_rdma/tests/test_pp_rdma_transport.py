@@ -649,3 +649,39 @@ def test_the_helper_polls_a_read_of_a_receive_it_expected_inline(
     finally:
         a.close()
         b.close()
+
+
+def test_a_quiet_helper_sleeps_until_housekeeping_and_the_post_that_needs_it_wakes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once no op has needed the helper for QUIET_S it stops glancing every IDLE_TICK_S (each
+    wake-up costs the training thread's core ~150 us on a small VM) and sleeps until its next
+    housekeeping round; the first post that gives it work wakes it, so a transfer posted then
+    still completes with no wait or progress call from either owner. (Housekeeping is pushed
+    to 30 s: only the glances or the wake-up can explain what the helpers do here.)"""
+    monkeypatch.setattr(driver, "HOUSEKEEPING_S", 30.0)
+    monkeypatch.setattr(driver, "QUIET_S", 0.05)
+    a, b, _, eb = pair(direct=True, background=True)
+    try:
+        wakes: list[float] = []
+        real_block = b._block
+
+        def block(timeout: float, sockets: bool = True) -> None:
+            if threading.current_thread() is b._thread:
+                wakes.append(time.perf_counter())
+            real_block(timeout, sockets)
+
+        monkeypatch.setattr(b, "_block", block)
+        assert _until(lambda: a._quiet and b._quiet), "the helpers never became quiet"
+        wakes.clear()
+        time.sleep(0.2)  # the training thread "computes" with nothing outstanding
+        assert len(wakes) <= 1, f"a quiet helper woke {len(wakes)} times in 0.2 s"
+        x, y = big(5.0), torch.empty_like(big())
+        recv = b.irecv(y, 0, FWD)  # needs the helper: it is woken, once
+        send = a.isend(x, 1, FWD)
+        assert not (a._quiet or b._quiet)
+        assert _until(lambda: recv.done and send.done, 5.0), "the quiet helpers were not woken"
+        assert y.equal(x) and eb.reads == 1
+    finally:
+        a.close()
+        b.close()

@@ -17,7 +17,10 @@ receives the peer sends inline, which complete in the owner's own wait with noth
 it only looks every ``IDLE_TICK_S`` whether that changed and runs a round every
 ``HOUSEKEEPING_S``: in the PP=2 x VPP=2 benchmark step (32 KiB messages, all inline) it ran
 132-154 rounds per step on each rank, each taking the GIL from a computing training thread, and
-now runs 9-12.
+now runs 9-12. Once no op has needed it for ``QUIET_S`` it stops looking and wakes only for the
+housekeeping rounds, or when a post gives it work (once per quiet spell): a wake-up is not free
+(a bare 5 ms ``select`` loop took ~150 us of CPU per wake-up on the benchmarks' 2-core VM, so the
+glances alone took 3.6% of a core from the training thread).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ IDLE_S = 0.5  # longest sleep when only a socket can bring news
 TICK_S = 1e-3  # the helper's round interval while ops need it
 IDLE_TICK_S = 5e-3  # how often it looks whether they do, otherwise (no round: a glance)
 HOUSEKEEPING_S = 5e-2  # and runs a round anyway (Mooncake's inbox, a peer that died)
+QUIET_S = 0.5  # no op needed it for this long: it sleeps from one housekeeping round to the next
 FINE_SLACK_NS = 1000
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 _LIBC: Any = None
@@ -75,6 +79,7 @@ class DriverMixin:
     def _start_driver(self, background: bool, rank: int) -> None:
         self._waiting = 0
         self._closed = False
+        self._quiet = False  # (lock held to change it) the helper sleeps until housekeeping
         self.helper_rounds = 0  # rounds the helper ran (benchmarks: each took the GIL)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -117,17 +122,20 @@ class DriverMixin:
     def _drive(self) -> None:
         """The helper thread: a progress round every tick while the training thread computes."""
         timer_slack(FINE_SLACK_NS)
-        last_round = time.monotonic()
+        last_round = last_needed = time.monotonic()
         while not self._closed:
             if self._waiting or self.error is not None:  # the training thread drives
-                self._block(TICK_S, sockets=False)
+                self._block(HOUSEKEEPING_S if self._quiet else TICK_S, sockets=False)
                 continue
             due, busy = None, False
             with self._lock:
                 if self._closed:
                     break
                 now = time.monotonic()
-                if self._needs_ticks() or now - last_round >= HOUSEKEEPING_S:
+                needed = self._needs_ticks()
+                if needed:
+                    last_needed = now
+                if needed or now - last_round >= HOUSEKEEPING_S:
                     last_round = now
                     self.helper_rounds += 1
                     try:
@@ -137,11 +145,27 @@ class DriverMixin:
                     except Exception as exc:  # a bug must surface, not kill progress silently
                         self.error = PPRdmaError(f"pp_rdma: progress thread failed: {exc!r}")
                     busy = self.error is None and self._needs_ticks()
-            if not busy:
-                self._block(IDLE_TICK_S, sockets=False)
-            else:
+                    if busy:  # (e.g. a housekeeping round that started a read)
+                        last_needed = time.monotonic()
+                # Decided under the lock, so a post that needs the helper either finds it
+                # awake or sees this and pokes it (``_rouse``).
+                self._quiet = not busy and time.monotonic() - last_needed > QUIET_S
+            if busy:
                 early = TICK_S if due is None else due - time.perf_counter()
                 self._block(min(max(early, FIRST_NAP_S), TICK_S), sockets=False)
+            else:
+                self._block(HOUSEKEEPING_S if self._quiet else IDLE_TICK_S, sockets=False)
+
+    def _rouse(self) -> None:
+        """After a post (lock held): wake a quiet helper if an op now needs it.
+
+        Only the first such post of a quiet spell pokes (the helper is no longer quiet after
+        it): a helper woken by every post competes for the GIL and the core just when the
+        message is on its critical path.
+        """
+        if self._quiet and self._needs_ticks():
+            self._quiet = False
+            self._poke()
 
     def flush(self, timeout_s: float) -> bool:
         """Send every queued record (e.g. the job's last read-done); False on timeout."""

@@ -129,6 +129,7 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
             if not self._batching:
                 link.channel.flush()  # the record leaves before this round's other work
                 self._round()  # answers and reads that arrived meanwhile move on now
+                self._rouse()
         return op
 
     def _stage(self, link: Link, op: SendOp, tensor: torch.Tensor) -> None:
@@ -178,6 +179,7 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
             link.recvs[(ch, op.seq)] = op
             if not self._batching:
                 self._round()  # starts the read at once if the sender already announced them
+                self._rouse()
         return op
 
     @contextlib.contextmanager
@@ -192,6 +194,7 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
                 for link in self.links.values():  # the records leave before the round's work
                     link.channel.flush()
                 self._round()
+                self._rouse()
 
     # ---------------------------------------------------------------- waiting
     def wait(self, op: Op) -> None:
