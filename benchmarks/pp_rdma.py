@@ -54,6 +54,7 @@ import socket
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import loadguard
@@ -405,17 +406,23 @@ def step_task(env: dict | None, steps: int, hidden: int) -> dict:
         )
         chunks = tiny_gpt.build_model(cfg, vpp=2)
         tiny_gpt.train(chunks, cfg, steps=1, num_microbatches=8)  # warm-up (buffers, handshake)
-        rounds = _helper_rounds()
+        rounds, cpu = _helper_rounds(), _helper_cpu()
         start = time.perf_counter()
         losses, _ = tiny_gpt.train(chunks, cfg, steps=steps, num_microbatches=8)
         elapsed = time.perf_counter() - start
-        after = _helper_rounds()
+        after, cpu_after = _helper_rounds(), _helper_cpu()
     if env is not None:  # the pool's next run starts without this one's session and helper
         from titan_pp_rdma import session
 
         session.reset()
     per_step = None if rounds is None or after is None else (after - rounds) / steps
-    return {"s_per_step": elapsed / steps, "losses": losses, "helper_rounds": per_step}
+    cpu_per_step = None if cpu is None or cpu_after is None else (cpu_after - cpu) / steps
+    return {
+        "s_per_step": elapsed / steps,
+        "losses": losses,
+        "helper_rounds": per_step,
+        "helper_cpu": cpu_per_step,
+    }
 
 
 def _helper_rounds() -> int | None:
@@ -426,6 +433,21 @@ def _helper_rounds() -> int | None:
     counts = [getattr(s.transport, "helper_rounds", None) for s in STATE.sessions.values()]
     counts = [c for c in counts if c is not None]
     return sum(counts) if counts else None
+
+
+def _helper_cpu() -> float | None:
+    """CPU seconds the pp_rdma helper threads of this process used so far (Linux schedstat;
+    None without a helper or without /proc). On 2 shared cores it is taken from the training
+    threads: each wake-up costs far more there than the few lines it runs."""
+    from titan_pp_rdma.session import STATE
+
+    threads = [getattr(s.transport, "_thread", None) for s in STATE.sessions.values()]
+    ids = [t.native_id for t in threads if t is not None and t.native_id is not None]
+    try:
+        runs = [Path(f"/proc/self/task/{i}/schedstat").read_text().split()[0] for i in ids]
+    except OSError:
+        return None
+    return sum(int(ns) for ns in runs) / 1e9 if ids else None
 
 
 def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
@@ -449,6 +471,7 @@ def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
     }
     times: dict[str, list[float]] = {name: [] for name in runs}
     rounds: dict[str, list[float]] = {name: [] for name in runs}
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
     losses: dict[str, list] = {}
     with GlooWorkerPool(2) as pool:
         for rep in range(reps):
@@ -457,6 +480,7 @@ def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
                 out = pool.run(step_task, runs[name], STEPS, hidden, timeout=600)
                 times[name].append(max(r["s_per_step"] for r in out))
                 rounds[name] += [r["helper_rounds"] for r in out if r["helper_rounds"] is not None]
+                cpu[name] += [r["helper_cpu"] for r in out if r["helper_cpu"] is not None]
                 losses[name] = out[1]["losses"]
     base = times["gloo (plugin off)"]
     from titan_plugins.testing import tiny_gpt
@@ -477,6 +501,8 @@ def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
             if rounds[name]
             else ""
         )
+        if cpu[name]:
+            helper += f", helper CPU {statistics.median(cpu[name]) * 1e3:.1f} ms"
         print(
             f"  {name:28s} {statistics.median(times[name]) * 1e3:7.1f} ms/step  "
             f"ratio {ratio:5.2f}x [{q1:4.2f}-{q3:4.2f}]  ({same})  {verdict}{helper}"
