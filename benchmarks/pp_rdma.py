@@ -407,9 +407,9 @@ def step_task(env: dict | None, steps: int, hidden: int) -> dict:
         chunks = tiny_gpt.build_model(cfg, vpp=2)
         tiny_gpt.train(chunks, cfg, steps=1, num_microbatches=8)  # warm-up (buffers, handshake)
         rounds, cpu = _helper_rounds(), _helper_cpu()
-        start = time.perf_counter()
+        process_cpu, start = _cpu(), time.perf_counter()
         losses, _ = tiny_gpt.train(chunks, cfg, steps=steps, num_microbatches=8)
-        elapsed = time.perf_counter() - start
+        elapsed, process_cpu = time.perf_counter() - start, _cpu() - process_cpu
         after, cpu_after = _helper_rounds(), _helper_cpu()
     if env is not None:  # the pool's next run starts without this one's session and helper
         from titan_pp_rdma import session
@@ -419,6 +419,7 @@ def step_task(env: dict | None, steps: int, hidden: int) -> dict:
     cpu_per_step = None if cpu is None or cpu_after is None else (cpu_after - cpu) / steps
     return {
         "s_per_step": elapsed / steps,
+        "cpu_per_step": process_cpu / steps,
         "losses": losses,
         "helper_rounds": per_step,
         "helper_cpu": cpu_per_step,
@@ -470,6 +471,7 @@ def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
         "torch fallback (plugin on)": {"TITAN_PP_RDMA_BACKEND": "torch"},
     }
     times: dict[str, list[float]] = {name: [] for name in runs}
+    cpus: dict[str, list[float]] = {name: [] for name in runs}  # both ranks' per rep
     rounds: dict[str, list[float]] = {name: [] for name in runs}
     cpu: dict[str, list[float]] = {name: [] for name in runs}
     losses: dict[str, list] = {}
@@ -479,6 +481,7 @@ def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
             for name in order:
                 out = pool.run(step_task, runs[name], STEPS, hidden, timeout=600)
                 times[name].append(max(r["s_per_step"] for r in out))
+                cpus[name].append(sum(r["cpu_per_step"] for r in out))
                 rounds[name] += [r["helper_rounds"] for r in out if r["helper_rounds"] is not None]
                 cpu[name] += [r["helper_cpu"] for r in out if r["helper_cpu"] is not None]
                 losses[name] = out[1]["losses"]
@@ -489,23 +492,29 @@ def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
     print(
         f"\n4. PP=2 x VPP=2 tiny GPT (hidden {hidden}, {kib} KiB per pipeline message, "
         f"8 microbatches, {STEPS} steps per run), {reps} reps, ratio = median over reps of "
-        "gloo's time / the variant's in the same rep [quartiles]:"
+        "gloo's time / the variant's in the same rep [quartiles]; CPU: every thread of both "
+        "processes (on 2 shared cores the wall time follows it):"
     )
     for name in runs:
         paired = [g / t for g, t in zip(base, times[name], strict=True)]
         q1, ratio, q3 = _quartiles(paired)
         same = "same losses" if losses[name] == losses["gloo (plugin off)"] else "LOSSES DIFFER"
         verdict = loadguard.verdict(ratio >= 1.0, args) if name == "mooncake" else ""
+        cpu_ratio = statistics.median(
+            g / c for g, c in zip(cpus["gloo (plugin off)"], cpus[name], strict=True)
+        )
         helper = (
-            f"  helper rounds per step and rank {statistics.median(rounds[name]):.0f}"
+            f"; helper rounds per step and rank {statistics.median(rounds[name]):.0f}"
             if rounds[name]
             else ""
         )
         if cpu[name]:
-            helper += f", helper CPU {statistics.median(cpu[name]) * 1e3:.1f} ms"
+            helper += f", their CPU {statistics.median(cpu[name]) * 1e3:.1f} ms"
         print(
             f"  {name:28s} {statistics.median(times[name]) * 1e3:7.1f} ms/step  "
-            f"ratio {ratio:5.2f}x [{q1:4.2f}-{q3:4.2f}]  ({same})  {verdict}{helper}"
+            f"ratio {ratio:5.2f}x [{q1:4.2f}-{q3:4.2f}]  ({same})  {verdict}\n"
+            f"  {'':28s} CPU per step, both processes {statistics.median(cpus[name]) * 1e3:.0f} ms"
+            f" (gloo's / this {cpu_ratio:4.2f}x){helper}"
         )
 
 
