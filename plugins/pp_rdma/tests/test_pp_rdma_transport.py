@@ -685,3 +685,32 @@ def test_a_quiet_helper_sleeps_until_housekeeping_and_the_post_that_needs_it_wak
     finally:
         a.close()
         b.close()
+
+
+def test_a_helper_sleeps_on_the_sockets_while_only_a_record_can_move_its_ops(
+    monkeypatch: pytest.MonkeyPatch, events: list[FakeEvent]
+) -> None:
+    """While its ops wait for records (a receive for its announce, a send for its read-done)
+    the helper sleeps on the control sockets instead of ticking every millisecond, and a
+    record wakes it: a read starts as soon as its announce arrives. A post that needs polling
+    (here a send whose device bytes are not there yet) wakes a listening helper. No owner waits
+    or calls progress; housekeeping is pushed to 30 s."""
+    monkeypatch.setattr(driver, "HOUSEKEEPING_S", 30.0)
+    a, b, _, eb = pair(direct=False, background=True)
+    try:
+        rounds = _helper_rounds(monkeypatch, b)
+        y = torch.empty_like(big())
+        recv = b.irecv(y, 0, FWD)  # waits for an announce: only a record can move it
+        a.irecv(torch.empty_like(big()), 1, BWD)  # (never sent: keeps a's helper listening)
+        assert _until(lambda: a._listening and b._listening), "the helpers never listened"
+        rounds.clear()
+        time.sleep(0.2)
+        assert len(rounds) <= 1, f"a listening helper ran {len(rounds)} rounds in 0.2 s"
+        send = a.isend(big(7.0), 1, FWD)  # not announced before its (fake) device event
+        assert not a._listening, "the post that needs polling did not wake the helper"
+        ready(events)  # the bytes exist: a's helper announces, b's wakes on it and reads
+        assert _until(lambda: recv.done and send.done, 5.0), "the helpers stalled"
+        assert y.equal(big(7.0)) and eb.reads == 1
+    finally:
+        a.close()
+        b.close()

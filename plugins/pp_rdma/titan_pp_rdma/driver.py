@@ -20,7 +20,8 @@ it only looks every ``IDLE_TICK_S`` whether that changed and runs a round every
 now runs 9-12. Once no op has needed it for ``QUIET_S`` it stops looking and wakes only for the
 housekeeping rounds, or when a post gives it work (once per quiet spell): a wake-up is not free
 (a bare 5 ms ``select`` loop took ~150 us of CPU per wake-up on the benchmarks' 2-core VM, so the
-glances alone took 3.6% of a core from the training thread).
+glances alone took 3.6% of a core from the training thread). While only a record can move its
+ops (nothing to poll), it sleeps on the control sockets instead of ticking.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class DriverMixin:
         self._waiting = 0
         self._closed = False
         self._quiet = False  # (lock held to change it) the helper sleeps until housekeeping
+        self._listening = False  # (lock held to change it) ... or until a record arrives
         self.helper_rounds = 0  # rounds the helper ran (benchmarks: each took the GIL)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -148,23 +150,31 @@ class DriverMixin:
                     if busy:  # (e.g. a housekeeping round that started a read)
                         last_needed = time.monotonic()
                 # Decided under the lock, so a post that needs the helper either finds it
-                # awake or sees this and pokes it (``_rouse``).
+                # awake or sees these and pokes it (``_rouse``).
                 self._quiet = not busy and time.monotonic() - last_needed > QUIET_S
-            if busy:
-                early = TICK_S if due is None else due - time.perf_counter()
+                # Only a record can move the ops (a receive waiting for its announce, a send
+                # for its read-done): sleep on the sockets, so a read starts as soon as its
+                # announce arrives. Ticking every 1 ms instead cost ~110-130 rounds per
+                # benchmark step and rank when every message went by read (25-39 ms of CPU).
+                self._listening = busy and due is None
+            if self._listening:
+                self._block(HOUSEKEEPING_S)
+            elif busy:
+                early = due - time.perf_counter()
                 self._block(min(max(early, FIRST_NAP_S), TICK_S), sockets=False)
             else:
                 self._block(HOUSEKEEPING_S if self._quiet else IDLE_TICK_S, sockets=False)
 
-    def _rouse(self) -> None:
-        """After a post (lock held): wake a quiet helper if an op now needs it.
+    def _rouse(self, due: float | None) -> None:
+        """After a post's round (lock held; ``due`` is what the round returned): wake a helper
+        sleeping on something the post does not trigger: a quiet one when an op now needs it,
+        one listening for records when an op now needs polling (a read started, a device event).
 
-        Only the first such post of a quiet spell pokes (the helper is no longer quiet after
-        it): a helper woken by every post competes for the GIL and the core just when the
-        message is on its critical path.
+        Only the first such post pokes (the helper is awake after it): a helper woken by every
+        post competes for the GIL and the core just when the message is on its critical path.
         """
-        if self._quiet and self._needs_ticks():
-            self._quiet = False
+        if (self._quiet and self._needs_ticks()) or (self._listening and due is not None):
+            self._quiet = self._listening = False
             self._poke()
 
     def flush(self, timeout_s: float) -> bool:

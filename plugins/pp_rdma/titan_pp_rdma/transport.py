@@ -128,8 +128,7 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
                     link.unannounced.append(op)
             if not self._batching:
                 link.channel.flush()  # the record leaves before this round's other work
-                self._round()  # answers and reads that arrived meanwhile move on now
-                self._rouse()
+                self._rouse(self._round())  # answers and reads that arrived meanwhile move on
         return op
 
     def _stage(self, link: Link, op: SendOp, tensor: torch.Tensor) -> None:
@@ -178,8 +177,8 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
                 op.event = record_event(tensor)
             link.recvs[(ch, op.seq)] = op
             if not self._batching:
-                self._round()  # starts the read at once if the sender already announced them
-                self._rouse()
+                # (starts the read at once if the sender already announced it)
+                self._rouse(self._round())
         return op
 
     @contextlib.contextmanager
@@ -193,8 +192,7 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
                 self._batching = False
                 for link in self.links.values():  # the records leave before the round's work
                     link.channel.flush()
-                self._round()
-                self._rouse()
+                self._rouse(self._round())
 
     # ---------------------------------------------------------------- waiting
     def wait(self, op: Op) -> None:
