@@ -1,4 +1,4 @@
-"""How a transport makes progress: the waiting thread drives, a helper ticks meanwhile.
+"""How a transport makes progress: the waiting thread drives, a helper acts meanwhile.
 
 A ``wait`` drives progress itself: it sleeps in ``select`` on the control sockets, so a record
 wakes it at once, and polls a Mooncake transfer in flight only around its predicted end, with
@@ -7,21 +7,25 @@ into ~70 us). Every post (``isend`` / ``irecv``) runs a progress round too.
 
 While the training thread computes with ops outstanding that need someone to act before it
 waits (a read to start or poll, a read-done to answer, device work to watch: ``Link.needs_ticks``),
-a helper thread runs a round every ``TICK_S`` (sooner when a transfer is due), so reads start and
-read-done answers go out during compute. It wakes only on its own timer, never on a control
-socket or when the training thread posts or leaves a wait: a second thread made runnable at those
-moments competes for the GIL and the core exactly when the message is on its critical path (that
-doubled a small round trip; waking it from the posts that give it work lowered the ping-pong
-benchmark's ratio by 8-23%). It does nothing while a ``wait`` drives. Otherwise - no ops, or only
-receives the peer sends inline, which complete in the owner's own wait with nothing to overlap -
-it only looks every ``IDLE_TICK_S`` whether that changed and runs a round every
-``HOUSEKEEPING_S``: in the PP=2 x VPP=2 benchmark step (32 KiB messages, all inline) it ran
+a helper thread acts for it, so reads start and read-done answers go out during compute. While a
+read or device work needs polling it runs a round every ``TICK_S`` (sooner when a transfer is
+due); while only a record can move its ops (a receive waiting for its announce, a send for its
+read-done) it sleeps on the control sockets, so a read starts as soon as its announce arrives
+(ticking instead took 110-130 rounds per benchmark step and rank when every message went by read).
+It does nothing while a ``wait`` drives: it naps without the sockets, since a second thread woken
+by the same record competes for the GIL and the core exactly when the message is on its critical
+path (a record that arrives just after its owner began to wait still wakes both; the helper then
+steps aside). Posts do not wake it either (waking it from every post that gave it work lowered the
+ping-pong benchmark's ratio by 8-23%), except where it would sleep through their work: the first
+post of a quiet spell (below), or one that needs polling while it listens (``_rouse``).
+Otherwise - no ops, or only receives the peer sends inline, which complete in the owner's own wait
+with nothing to overlap - it only looks every ``IDLE_TICK_S`` whether that changed and runs a round
+every ``HOUSEKEEPING_S``: in the PP=2 x VPP=2 benchmark step (32 KiB messages, all inline) it ran
 132-154 rounds per step on each rank, each taking the GIL from a computing training thread, and
-now runs 9-12. Once no op has needed it for ``QUIET_S`` it stops looking and wakes only for the
-housekeeping rounds, or when a post gives it work (once per quiet spell): a wake-up is not free
-(a bare 5 ms ``select`` loop took ~150 us of CPU per wake-up on the benchmarks' 2-core VM, so the
-glances alone took 3.6% of a core from the training thread). While only a record can move its
-ops (nothing to poll), it sleeps on the control sockets instead of ticking.
+now runs 8-12. Once no op has needed it for ``QUIET_S`` it stops looking and wakes only for the
+housekeeping rounds: a wake-up is not free (a bare 5 ms ``select`` loop took ~150 us of CPU per
+wake-up on the benchmarks' 2-core VM, so the glances alone took 3.6% of a core from the training
+thread).
 """
 
 from __future__ import annotations
