@@ -714,3 +714,53 @@ def test_a_helper_sleeps_on_the_sockets_while_only_a_record_can_move_its_ops(
     finally:
         a.close()
         b.close()
+
+
+def test_a_wait_that_took_the_record_a_listening_helper_sleeps_on_wakes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The helper decides to listen, then (before it sleeps) its owner's wait takes the
+    records it would have woken on: the announces of two receives. The wait returns with the
+    second read still in flight; that read is the helper's now, so the wait wakes it (else it
+    would sleep until housekeeping, here 30 s, and the sender's memory with it). Ring buffers:
+    direct sends retire their region after the read-done, and that record would wake it."""
+    monkeypatch.setattr(driver, "HOUSEKEEPING_S", 30.0)
+    a, b, _, eb = pair(direct=False, background=True)
+    parked, go = threading.Event(), threading.Event()
+    real_block, real_status = b._block, eb.status
+    slow: list[int] = []  # the second read's ids: pending until the test lets it land
+
+    def block(timeout: float, sockets: bool = True) -> None:
+        if threading.current_thread() is b._thread and sockets and not go.is_set():
+            parked.set()  # listening decided, lock released, not asleep yet
+            go.wait(10.0)
+        real_block(timeout, sockets)
+
+    def submit_read(peer: str, local: int, remote: int, nbytes: int) -> list:
+        ctypes.memmove(local, remote, nbytes)
+        eb.reads += 1
+        ids = [next(eb._ids)]
+        if eb.reads == 2:
+            slow.extend(ids)
+        return ids
+
+    monkeypatch.setattr(b, "_block", block)
+    monkeypatch.setattr(eb, "submit_read", submit_read)
+    monkeypatch.setattr(eb, "status", lambda ids: 0 if set(ids) & set(slow) else real_status(ids))
+    try:
+        y1, y2 = torch.empty_like(big()), torch.empty_like(big())
+        first, second = b.irecv(y1, 0, FWD), b.irecv(y2, 0, BWD)
+        assert parked.wait(10.0), "the helper never listened"
+        sends = [a.isend(big(1.0), 1, FWD), a.isend(big(2.0), 1, BWD)]
+        assert select.select([b.links[0].channel], [], [], 10.0)[0]
+        time.sleep(0.05)  # (both announces in)
+        first.wait()  # takes both announces, starts both reads; the second stays in flight
+        assert eb.reads == 2 and not second.done
+        slow.clear()  # it lands; only a poll can tell
+        go.set()  # the helper goes to sleep on sockets that have nothing more for it
+        assert _until(lambda: second.done and all(s.done for s in sends), 5.0), "stalled"
+        assert y1.equal(big(1.0)) and y2.equal(big(2.0))
+    finally:
+        go.set()
+        a.close()
+        b.close()

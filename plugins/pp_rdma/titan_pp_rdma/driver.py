@@ -126,7 +126,7 @@ class DriverMixin:
         return any(ln.needs_ticks() for ln in self.links.values())
 
     def _drive(self) -> None:
-        """The helper thread: a progress round every tick while the training thread computes."""
+        """The helper thread: acts while the training thread computes (see the module doc)."""
         timer_slack(FINE_SLACK_NS)
         last_round = last_needed = time.monotonic()
         while not self._closed:
@@ -170,12 +170,15 @@ class DriverMixin:
                 self._block(HOUSEKEEPING_S if self._quiet else IDLE_TICK_S, sockets=False)
 
     def _rouse(self, due: float | None) -> None:
-        """After a post's round (lock held; ``due`` is what the round returned): wake a helper
-        sleeping on something the post does not trigger: a quiet one when an op now needs it,
-        one listening for records when an op now needs polling (a read started, a device event).
+        """After a post's round or a wait (lock held; ``due``: when the last round wants a poll,
+        None when only a record can move the ops): wake a helper sleeping on something the post
+        does not trigger: a quiet one when an op now needs it, one listening for records when an
+        op now needs polling (a read started, a device event).
 
         Only the first such post pokes (the helper is awake after it): a helper woken by every
         post competes for the GIL and the core just when the message is on its critical path.
+        (A wait's rounds may take the records a listening helper sleeps on, e.g. the announce of
+        another receive, and start its read: without this the read would wait for housekeeping.)
         """
         if (self._quiet and self._needs_ticks()) or (self._listening and due is not None):
             self._quiet = self._listening = False

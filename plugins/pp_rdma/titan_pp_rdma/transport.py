@@ -246,6 +246,8 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
                 timer_slack(slack)
             with self._lock:
                 self._waiting -= 1
+                if not self._waiting:  # a read this wait started is the helper's from now on
+                    self._rouse(self._last_due)
 
     def _stuck(self, op: Op) -> str:
         if isinstance(op, SendOp):
