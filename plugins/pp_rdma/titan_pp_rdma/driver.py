@@ -131,6 +131,7 @@ class DriverMixin:
         last_round = last_needed = time.monotonic()
         while not self._closed:
             if self._waiting or self.error is not None:  # the training thread drives
+                self._listening = False  # (only this thread sets it; it naps off the sockets)
                 self._block(HOUSEKEEPING_S if self._quiet else TICK_S, sockets=False)
                 continue
             due, busy = None, False
