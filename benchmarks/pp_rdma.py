@@ -633,6 +633,8 @@ def main() -> None:
                         help="gpu: only the GPU section (scripts/gpu_check.sh)")  # fmt: skip
     parser.add_argument("--gpu-smoke", action="store_true", help="run the GPU section tiny on CPU")
     args = begin(parser)
+    if args.runs < 1:
+        raise SystemExit(f"--runs {args.runs}: at least one run is needed")
     sizes = [k << 10 for k in args.sizes_kib]
     if args.section == "gpu":
         small = [k << 10 for k in (64, 1024)] if args.gpu_smoke else sizes
