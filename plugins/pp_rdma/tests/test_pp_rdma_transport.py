@@ -24,6 +24,7 @@ import torch
 from titan_pp_rdma import driver, effects, security
 from titan_pp_rdma import transport as transport_mod
 from titan_pp_rdma.channel import Channel
+from titan_pp_rdma.errors import PPRdmaError
 from titan_pp_rdma.ops import Link
 from titan_pp_rdma.transport import MooncakeTransport
 from titan_pp_rdma.wire import BWD, FWD
@@ -762,5 +763,83 @@ def test_a_wait_that_took_the_record_a_listening_helper_sleeps_on_wakes_it(
         assert y1.equal(big(1.0)) and y2.equal(big(2.0))
     finally:
         go.set()
+        a.close()
+        b.close()
+
+
+class _ParkingLock:
+    """The transport's lock, but the helper thread parks right after releasing it once it has
+    decided to listen (the moment a post can still clear that decision)."""
+
+    def __init__(self, t: MooncakeTransport) -> None:
+        self.t, self.real = t, t._lock
+        self.parked, self.go = threading.Event(), threading.Event()
+
+    def acquire(self, *args: Any, **kwargs: Any) -> bool:
+        return self.real.acquire(*args, **kwargs)
+
+    def release(self) -> None:
+        self.real.release()
+        if threading.current_thread() is self.t._thread and self.t._listening:
+            if not self.go.is_set():
+                self.parked.set()
+                self.go.wait(10.0)
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def test_a_post_that_clears_the_listening_flag_before_the_helper_sleeps_does_not_stop_it(
+    monkeypatch: pytest.MonkeyPatch, events: list[FakeEvent]
+) -> None:
+    """The helper decides to listen and releases the lock; before it sleeps, a post that needs
+    polling clears the flag and pokes it. The helper must act on the decision it took (and
+    wake at once on the poke), not re-read the flag: re-reading it took it down the polling
+    path with nothing to poll, and the helper thread died of a TypeError."""
+    monkeypatch.setattr(driver, "HOUSEKEEPING_S", 30.0)
+    a, b, _, eb = pair(direct=False, background=True)
+    lock = _ParkingLock(a)
+    monkeypatch.setattr(a, "_lock", lock)
+    try:
+        y = torch.empty_like(big())
+        recv = b.irecv(y, 0, FWD)
+        a.irecv(torch.empty_like(big()), 1, BWD)  # (never sent: a's helper listens)
+        assert lock.parked.wait(10.0), "a's helper never decided to listen"
+        send = a.isend(big(3.0), 1, FWD)  # its device bytes are not there yet: needs polling
+        assert not a._listening
+        lock.go.set()
+        ready(events)
+        assert _until(lambda: recv.done and send.done, 5.0), "a's helper stopped"
+        assert a._thread is not None and a._thread.is_alive()
+        assert y.equal(big(3.0)) and eb.reads == 1
+    finally:
+        lock.go.set()
+        a.close()
+        b.close()
+
+
+def test_a_helper_that_fails_outside_its_rounds_fails_the_transport(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bug anywhere in the helper's loop (here its sleep raising) surfaces as the
+    transport's error at the next op, instead of a thread that died quietly and left the
+    transfers without overlap."""
+    a, b, _, _ = pair(direct=True, background=False)
+    try:
+
+        def broken(timeout: float, sockets: bool = True) -> None:
+            raise RuntimeError("broken sleep")
+
+        monkeypatch.setattr(b, "_block", broken)
+        b._thread = threading.Thread(target=b._drive, daemon=True)
+        b._thread.start()
+        b._thread.join(5.0)
+        assert not b._thread.is_alive()
+        with pytest.raises(PPRdmaError, match="progress thread failed.*broken"):
+            b.irecv(torch.empty(10), 0, FWD)
+    finally:
         a.close()
         b.close()

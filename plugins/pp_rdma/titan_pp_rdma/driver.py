@@ -127,6 +127,12 @@ class DriverMixin:
 
     def _drive(self) -> None:
         """The helper thread: acts while the training thread computes (see the module doc)."""
+        try:
+            self._drive_rounds()
+        except Exception as exc:  # a dead helper must not pass for a slow one
+            self.error = self.error or PPRdmaError(f"pp_rdma: progress thread failed: {exc!r}")
+
+    def _drive_rounds(self) -> None:
         timer_slack(FINE_SLACK_NS)
         last_round = last_needed = time.monotonic()
         while not self._closed:
@@ -156,19 +162,21 @@ class DriverMixin:
                         last_needed = time.monotonic()
                 # Decided under the lock, so a post that needs the helper either finds it
                 # awake or sees these and pokes it (``_rouse``).
-                self._quiet = not busy and time.monotonic() - last_needed > QUIET_S
+                quiet = self._quiet = not busy and time.monotonic() - last_needed > QUIET_S
                 # Only a record can move the ops (a receive waiting for its announce, a send
                 # for its read-done): sleep on the sockets, so a read starts as soon as its
                 # announce arrives. Ticking every 1 ms instead cost ~110-130 rounds per
                 # benchmark step and rank when every message went by read (25-39 ms of CPU).
-                self._listening = busy and due is None
-            if self._listening:
+                listening = self._listening = busy and due is None
+            # (the decisions as taken under the lock: a post may clear the flags meanwhile, and
+            # its poke then ends this sleep at once)
+            if listening:
                 self._block(HOUSEKEEPING_S)
-            elif busy:
+            elif due is not None:
                 early = due - time.perf_counter()
                 self._block(min(max(early, FIRST_NAP_S), TICK_S), sockets=False)
             else:
-                self._block(HOUSEKEEPING_S if self._quiet else IDLE_TICK_S, sockets=False)
+                self._block(HOUSEKEEPING_S if quiet else IDLE_TICK_S, sockets=False)
 
     def _rouse(self, due: float | None) -> None:
         """After a post's round or a wait (lock held; ``due``: when the last round wants a poll,
