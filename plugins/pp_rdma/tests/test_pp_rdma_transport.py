@@ -363,9 +363,9 @@ def _trace(monkeypatch: pytest.MonkeyPatch, t: MooncakeTransport, log: list[str]
         log.append("round")
         return real_round()
 
-    def block(timeout: float, sockets: bool = True) -> None:
+    def block(timeout: float, sockets: bool = True, pokes: bool = False) -> None:
         log.append("sleep")
-        real_block(timeout, sockets)
+        real_block(timeout, sockets, pokes)
 
     monkeypatch.setattr(t, "_round", round_)
     monkeypatch.setattr(t, "_block", block)
@@ -667,10 +667,10 @@ def test_a_quiet_helper_sleeps_until_housekeeping_and_the_post_that_needs_it_wak
         wakes: list[float] = []
         real_block = b._block
 
-        def block(timeout: float, sockets: bool = True) -> None:
+        def block(timeout: float, sockets: bool = True, pokes: bool = False) -> None:
             if threading.current_thread() is b._thread:
                 wakes.append(time.perf_counter())
-            real_block(timeout, sockets)
+            real_block(timeout, sockets, pokes)
 
         monkeypatch.setattr(b, "_block", block)
         assert _until(lambda: a._quiet and b._quiet), "the helpers never became quiet"
@@ -731,11 +731,11 @@ def test_a_wait_that_took_the_record_a_listening_helper_sleeps_on_wakes_it(
     real_block, real_status = b._block, eb.status
     slow: list[int] = []  # the second read's ids: pending until the test lets it land
 
-    def block(timeout: float, sockets: bool = True) -> None:
+    def block(timeout: float, sockets: bool = True, pokes: bool = False) -> None:
         if threading.current_thread() is b._thread and sockets and not go.is_set():
             parked.set()  # listening decided, lock released, not asleep yet
             go.wait(10.0)
-        real_block(timeout, sockets)
+        real_block(timeout, sockets, pokes)
 
     def submit_read(peer: str, local: int, remote: int, nbytes: int) -> list:
         ctypes.memmove(local, remote, nbytes)
@@ -841,5 +841,37 @@ def test_a_helper_that_fails_outside_its_rounds_fails_the_transport(
         with pytest.raises(PPRdmaError, match="progress thread failed.*broken"):
             b.irecv(torch.empty(10), 0, FWD)
     finally:
+        a.close()
+        b.close()
+
+
+def test_a_wait_does_not_swallow_the_poke_meant_for_the_helper(
+    monkeypatch: pytest.MonkeyPatch, events: list[FakeEvent]
+) -> None:
+    """A post pokes a helper that decided to listen but is not asleep yet, and its owner then
+    waits (here for a small tensor the peer sends 0.1 s later). The poke stays the helper's:
+    a wait that also watched the wake-up socket drained it, and the helper then slept through
+    the post's work until housekeeping (30 s here)."""
+    monkeypatch.setattr(driver, "HOUSEKEEPING_S", 30.0)
+    a, b, _, eb = pair(direct=False, background=True)
+    lock = _ParkingLock(a)
+    monkeypatch.setattr(a, "_lock", lock)
+    try:
+        y = torch.empty_like(big())
+        recv = b.irecv(y, 0, FWD)
+        a.irecv(torch.empty_like(big()), 1, BWD)  # (never sent: a's helper listens)
+        assert lock.parked.wait(10.0), "a's helper never decided to listen"
+        send = a.isend(big(4.0), 1, FWD)  # needs polling: pokes the helper
+        small = torch.empty(10)
+        later = threading.Timer(0.1, lambda: b.isend(torch.arange(10.0), 0, FWD))
+        later.start()
+        a.irecv(small, 1, FWD).wait()  # the owner sleeps while the poke is pending
+        later.join()
+        lock.go.set()
+        ready(events)
+        assert _until(lambda: recv.done and send.done, 5.0), "the helper slept through its poke"
+        assert y.equal(big(4.0)) and small.equal(torch.arange(10.0)) and eb.reads == 1
+    finally:
+        lock.go.set()
         a.close()
         b.close()

@@ -98,17 +98,20 @@ class DriverMixin:
             self._thread.start()
         _LIVE.add(self)
 
-    def _block(self, timeout: float, sockets: bool = True) -> None:
-        """Sleep until a control socket (if ``sockets``) or a poke needs us, at most ``timeout``."""
+    def _block(self, timeout: float, sockets: bool = True, pokes: bool = False) -> None:
+        """Sleep at most ``timeout`` until a control socket needs us (``sockets``) or, for the
+        helper (``pokes``), until a poke. The wake-up socket is the helper's alone: a wait that
+        watched it too would drain a poke meant for a helper not yet asleep, which would then
+        sleep through the work the poke announced."""
         channels = [ln.channel for ln in self.links.values() if sockets and not ln.channel.eof]
-        readable = [self._wake_r, *channels]
+        readable = [self._wake_r, *channels] if pokes else channels
         writable = [c for c in channels if c.wants_write]
         try:
             ready = select.select(readable, writable, [], max(timeout, 0.0))[0]
         except (OSError, ValueError):  # a socket closed under us: the next round reports it
             time.sleep(min(timeout, 1e-3))
-            ready = [self._wake_r]
-        if self._wake_r not in ready:  # (a recv that fails costs a syscall and an exception)
+            return
+        if not pokes or self._wake_r not in ready:  # (a failing recv costs a syscall)
             return
         try:
             while self._wake_r.recv(4096):
@@ -138,7 +141,7 @@ class DriverMixin:
         while not self._closed:
             if self._waiting or self.error is not None:  # the training thread drives
                 self._listening = False  # (only this thread sets it; it naps off the sockets)
-                self._block(HOUSEKEEPING_S if self._quiet else TICK_S, sockets=False)
+                self._block(HOUSEKEEPING_S if self._quiet else TICK_S, sockets=False, pokes=True)
                 continue
             due, busy = None, False
             with self._lock:
@@ -171,12 +174,12 @@ class DriverMixin:
             # (the decisions as taken under the lock: a post may clear the flags meanwhile, and
             # its poke then ends this sleep at once)
             if listening:
-                self._block(HOUSEKEEPING_S)
+                self._block(HOUSEKEEPING_S, pokes=True)
             elif due is not None:
                 early = due - time.perf_counter()
-                self._block(min(max(early, FIRST_NAP_S), TICK_S), sockets=False)
+                self._block(min(max(early, FIRST_NAP_S), TICK_S), sockets=False, pokes=True)
             else:
-                self._block(HOUSEKEEPING_S if quiet else IDLE_TICK_S, sockets=False)
+                self._block(HOUSEKEEPING_S if quiet else IDLE_TICK_S, sockets=False, pokes=True)
 
     def _rouse(self, due: float | None) -> None:
         """After a post's round or a wait (lock held; ``due``: when the last round wants a poll,
