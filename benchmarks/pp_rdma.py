@@ -307,14 +307,19 @@ def _print_pooled(pooled: dict[int, list[tuple[float, float]]], args: argparse.N
         ratios, caps = [r for r, _ in runs], [c for _, c in runs]
         ratio, cap = statistics.median(ratios), statistics.median(caps)
         share = statistics.median(r / c for r, c in runs)
-        unmet = "NOT met"
-        if cap < 1.0:
-            unmet += f" (Mooncake's TCP transport caps any protocol at {cap:.2f}x here)"
         print(
             f"  {nbytes >> 10:6d} KiB  pp_rdma {ratio:4.2f}x [{min(ratios):4.2f}-{max(ratios):4.2f}]"
             f"  cap {cap:4.2f}x [{min(caps):4.2f}-{max(caps):4.2f}]  pp_rdma / cap {share:.0%}  "
-            + loadguard.verdict(ratio >= 1.0, args, unmet)
+            + loadguard.verdict(ratio >= 1.0, args, _unmet(cap))
         )
+
+
+def _unmet(cap: float, reached: str = "") -> str:
+    """The verdict's unmet text for a ping-pong whose cap (vs gloo) is ``cap``: where no protocol
+    over Mooncake's TCP transport reaches gloo, it says so (``reached``: how near pp_rdma came)."""
+    if cap >= 1.0:
+        return "NOT met"
+    return f"NOT met (Mooncake's TCP transport caps any protocol at {cap:.2f}x here{reached})"
 
 
 def _print_run(
@@ -345,17 +350,11 @@ def _print_run(
                 # write into a pre-posted buffer -> "done" -> reply: two signals either way
                 moved = min(med[("raw read", nbytes, 1)], med[("raw write", nbytes, 1)])
                 signalled = moved + med[("gloo signal", nbytes, 1)]
-                capped = g / signalled < 1.0
                 bound = (
                     f"  (raw Mooncake reads alone: {g / floor:4.2f}x; raw read or write + "
                     f"gloo-speed signals: {g / signalled:4.2f}x)"
                 )
-                unmet = "NOT met"
-                if capped:  # no protocol over Mooncake's TCP reaches gloo here; how near is ours
-                    unmet += (
-                        f" (Mooncake's TCP transport caps any protocol at {g / signalled:.2f}x "
-                        f"here; pp_rdma reaches {signalled / m:.0%} of that cap)"
-                    )
+                unmet = _unmet(g / signalled, f"; pp_rdma reaches {signalled / m:.0%} of that cap")
                 verdict = loadguard.verdict(g / m >= 1.0, args, unmet)
                 pingpong[nbytes] = (g / m, g / signalled)
             cpu = [med[(n + " cpu", nbytes, w)] * 1e6 for n in ("gloo", "pp_rdma")]
@@ -473,7 +472,7 @@ def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
     times: dict[str, list[float]] = {name: [] for name in runs}
     cpus: dict[str, list[float]] = {name: [] for name in runs}  # both ranks' per rep
     rounds: dict[str, list[float]] = {name: [] for name in runs}
-    cpu: dict[str, list[float]] = {name: [] for name in runs}
+    helper_cpu: dict[str, list[float]] = {name: [] for name in runs}
     losses: dict[str, list] = {}
     with GlooWorkerPool(2) as pool:
         for rep in range(reps):
@@ -483,7 +482,7 @@ def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
                 times[name].append(max(r["s_per_step"] for r in out))
                 cpus[name].append(sum(r["cpu_per_step"] for r in out))
                 rounds[name] += [r["helper_rounds"] for r in out if r["helper_rounds"] is not None]
-                cpu[name] += [r["helper_cpu"] for r in out if r["helper_cpu"] is not None]
+                helper_cpu[name] += [r["helper_cpu"] for r in out if r["helper_cpu"] is not None]
                 losses[name] = out[1]["losses"]
     base = times["gloo (plugin off)"]
     from titan_plugins.testing import tiny_gpt
@@ -508,8 +507,8 @@ def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
             if rounds[name]
             else ""
         )
-        if cpu[name]:
-            helper += f", their CPU {statistics.median(cpu[name]) * 1e3:.1f} ms"
+        if helper_cpu[name]:
+            helper += f", their CPU {statistics.median(helper_cpu[name]) * 1e3:.1f} ms"
         print(
             f"  {name:28s} {statistics.median(times[name]) * 1e3:7.1f} ms/step  "
             f"ratio {ratio:5.2f}x [{q1:4.2f}-{q3:4.2f}]  ({same})  {verdict}\n"
