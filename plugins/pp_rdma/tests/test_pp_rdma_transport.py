@@ -11,12 +11,14 @@ step happens where the test calls ``progress()``.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import select
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -792,13 +794,11 @@ class _ParkingLock:
         self.release()
 
 
-def test_a_post_that_clears_the_listening_flag_before_the_helper_sleeps_does_not_stop_it(
-    monkeypatch: pytest.MonkeyPatch, events: list[FakeEvent]
-) -> None:
-    """The helper decides to listen and releases the lock; before it sleeps, a post that needs
-    polling clears the flag and pokes it. The helper must act on the decision it took (and
-    wake at once on the poke), not re-read the flag: re-reading it took it down the polling
-    path with nothing to poll, and the helper thread died of a TypeError."""
+@contextlib.contextmanager
+def _parked_listener(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple]:
+    """Rank 0's helper parked just after it decided to listen (a receive it waits on is never
+    sent), rank 1 waiting for a read-path tensor from it; housekeeping pushed to 30 s, so only
+    the helpers' own wake-ups move anything. Yields ``(a, b, eb, lock, recv, y)``."""
     monkeypatch.setattr(driver, "HOUSEKEEPING_S", 30.0)
     a, b, _, eb = pair(direct=False, background=True)
     lock = _ParkingLock(a)
@@ -808,6 +808,21 @@ def test_a_post_that_clears_the_listening_flag_before_the_helper_sleeps_does_not
         recv = b.irecv(y, 0, FWD)
         a.irecv(torch.empty_like(big()), 1, BWD)  # (never sent: a's helper listens)
         assert lock.parked.wait(10.0), "a's helper never decided to listen"
+        yield a, b, eb, lock, recv, y
+    finally:
+        lock.go.set()
+        a.close()
+        b.close()
+
+
+def test_a_post_that_clears_the_listening_flag_before_the_helper_sleeps_does_not_stop_it(
+    monkeypatch: pytest.MonkeyPatch, events: list[FakeEvent]
+) -> None:
+    """The helper decides to listen and releases the lock; before it sleeps, a post that needs
+    polling clears the flag and pokes it. The helper must act on the decision it took (and
+    wake at once on the poke), not re-read the flag: re-reading it took it down the polling
+    path with nothing to poll, and the helper thread died of a TypeError."""
+    with _parked_listener(monkeypatch) as (a, b, eb, lock, recv, y):
         send = a.isend(big(3.0), 1, FWD)  # its device bytes are not there yet: needs polling
         assert not a._listening
         lock.go.set()
@@ -815,10 +830,6 @@ def test_a_post_that_clears_the_listening_flag_before_the_helper_sleeps_does_not
         assert _until(lambda: recv.done and send.done, 5.0), "a's helper stopped"
         assert a._thread is not None and a._thread.is_alive()
         assert y.equal(big(3.0)) and eb.reads == 1
-    finally:
-        lock.go.set()
-        a.close()
-        b.close()
 
 
 def test_a_helper_that_fails_outside_its_rounds_fails_the_transport(
@@ -830,7 +841,7 @@ def test_a_helper_that_fails_outside_its_rounds_fails_the_transport(
     a, b, _, _ = pair(direct=True, background=False)
     try:
 
-        def broken(timeout: float, sockets: bool = True) -> None:
+        def broken(*args: Any, **kwargs: Any) -> None:
             raise RuntimeError("broken sleep")
 
         monkeypatch.setattr(b, "_block", broken)
@@ -838,7 +849,7 @@ def test_a_helper_that_fails_outside_its_rounds_fails_the_transport(
         b._thread.start()
         b._thread.join(5.0)
         assert not b._thread.is_alive()
-        with pytest.raises(PPRdmaError, match="progress thread failed.*broken"):
+        with pytest.raises(PPRdmaError, match="progress thread failed.*broken sleep"):
             b.irecv(torch.empty(10), 0, FWD)
     finally:
         a.close()
@@ -852,15 +863,7 @@ def test_a_wait_does_not_swallow_the_poke_meant_for_the_helper(
     waits (here for a small tensor the peer sends 0.1 s later). The poke stays the helper's:
     a wait that also watched the wake-up socket drained it, and the helper then slept through
     the post's work until housekeeping (30 s here)."""
-    monkeypatch.setattr(driver, "HOUSEKEEPING_S", 30.0)
-    a, b, _, eb = pair(direct=False, background=True)
-    lock = _ParkingLock(a)
-    monkeypatch.setattr(a, "_lock", lock)
-    try:
-        y = torch.empty_like(big())
-        recv = b.irecv(y, 0, FWD)
-        a.irecv(torch.empty_like(big()), 1, BWD)  # (never sent: a's helper listens)
-        assert lock.parked.wait(10.0), "a's helper never decided to listen"
+    with _parked_listener(monkeypatch) as (a, b, eb, lock, recv, y):
         send = a.isend(big(4.0), 1, FWD)  # needs polling: pokes the helper
         small = torch.empty(10)
         later = threading.Timer(0.1, lambda: b.isend(torch.arange(10.0), 0, FWD))
@@ -871,7 +874,3 @@ def test_a_wait_does_not_swallow_the_poke_meant_for_the_helper(
         ready(events)
         assert _until(lambda: recv.done and send.done, 5.0), "the helper slept through its poke"
         assert y.equal(big(4.0)) and small.equal(torch.arange(10.0)) and eb.reads == 1
-    finally:
-        lock.go.set()
-        a.close()
-        b.close()
