@@ -20,7 +20,9 @@ Prints, each against gloo measured in the same run (ratio > 1: pp_rdma faster; g
    and streaming:
    ``--window`` messages posted together then waited (as the interleaved schedule posts its P2P
    under ``overlap_p2p_comm``);
-3. where pp_rdma's time goes, per phase (``titan_pp_rdma.stats``), in extra ping-pong rounds;
+3. where pp_rdma's time goes, per phase (``titan_pp_rdma.stats``), in extra ping-pong rounds,
+   and (3b) where the CPU of a round goes, by thread (training thread, pp_rdma's helper, gloo's
+   threads, Mooncake's engine threads), gloo's rounds beside pp_rdma's;
 4. PP=2 x VPP=2 step time of the tiny MoE GPT through megatron-core's schedules
    (``overlap_p2p_comm``), plugin on (Mooncake) vs off (gloo), checked for identical losses,
    ``--reps`` reps in alternating order, each variant's ratio paired with the gloo run of its
@@ -53,6 +55,7 @@ import resource
 import socket
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -205,6 +208,7 @@ def _loopback_worker(rank: int, port: int, sizes: list[int], reps: int, window: 
     raw = Raw(STATE.engine, max(sizes))
     times: dict[tuple[str, int, int], list[float]] = {}
     phases: dict[int, list[dict]] = {}
+    threads: dict[int, list[dict]] = {}
     tiny = torch.zeros(1)
     signal = torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1)
     for nbytes in sizes:
@@ -251,6 +255,14 @@ def _loopback_worker(rank: int, port: int, sizes: list[int], reps: int, window: 
                         times.setdefault((name + " cpu", nbytes, w), []).append(cpu.item())
             if rank == 1:
                 assert y.eq(0.0).all(), "payload corrupted"
+        one = x1.view(1, -1), y1.view(1, -1), torch.zeros(1)
+        mine = {
+            "gloo": _cpu_by_thread(3 * reps, _gloo_round, *one, rank, 1),
+            "pp_rdma": _cpu_by_thread(3 * reps, _mooncake_round, tr, *one, rank, 1),
+        }
+        both = [None, None]
+        dist.all_gather_object(both, mine)
+        threads[nbytes] = both
         if PhaseStats is None:
             continue
         tr.stats = PhaseStats()  # extra rounds, so the timers never slow the timed ones
@@ -263,13 +275,14 @@ def _loopback_worker(rank: int, port: int, sizes: list[int], reps: int, window: 
         dist.all_gather_object(both, stats.summary())
         phases[nbytes] = both
     if rank == 0:
-        q.put(({k: statistics.median(v[1:]) for k, v in times.items()}, phases))
+        q.put(({k: statistics.median(v[1:]) for k, v in times.items()}, phases, threads))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def _loopback_run(sizes: list[int], reps: int, window: int) -> tuple[dict, dict]:
-    """One fresh pair of processes through sections 1-3: the medians and the phase timers."""
+def _loopback_run(sizes: list[int], reps: int, window: int) -> tuple[dict, dict, dict]:
+    """One fresh pair of processes through sections 1-3: the medians, the phase timers and the
+    CPU by thread."""
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
     mp.start_processes(
@@ -287,12 +300,13 @@ def loopback(sizes: list[int], reps: int, window: int, args: argparse.Namespace)
     for run in range(args.runs):
         if args.runs > 1:
             print(f"\n--- run {run + 1} of {args.runs} (fresh processes) ---")
-        med, phases = _loopback_run(sizes, reps, window)
+        med, phases, threads = _loopback_run(sizes, reps, window)
         for nbytes, ratios in _print_run(med, sizes, reps, window, args).items():
             pooled[nbytes].append(ratios)
     if args.runs > 1:
         _print_pooled(pooled, args)
     _print_phases(phases, sizes)  # the last run's
+    _print_threads(threads, sizes)
 
 
 def _print_pooled(pooled: dict[int, list[tuple[float, float]]], args: argparse.Namespace) -> None:
@@ -365,6 +379,74 @@ def _print_run(
                 f"pp_rdma {cpu[1]:6.0f} us"
             )
     return pingpong
+
+
+THREAD_ROLES = ("training thread", "pp_rdma helper", "gloo's threads", "Mooncake, other")
+
+
+def _thread_times() -> dict[str, tuple[int, int]]:
+    """CPU ns and wake-ups so far of this process's threads, summed by role (Linux schedstat;
+    empty without /proc). Mooncake's engine threads carry no name of their own."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    main = threading.main_thread().native_id
+    out: dict[str, tuple[int, int]] = {}
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            ns, _, wakeups = task.joinpath("schedstat").read_text().split()[:3]
+            comm = task.joinpath("comm").read_text().strip()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        tid = int(task.name)
+        if tid == main:
+            role = THREAD_ROLES[0]
+        elif names.get(tid, "").startswith("pp_rdma-progress"):
+            role = THREAD_ROLES[1]
+        elif comm.startswith("gloo"):
+            role = THREAD_ROLES[2]
+        else:
+            role = THREAD_ROLES[3]
+        cpu, woken = out.get(role, (0, 0))
+        out[role] = (cpu + int(ns), woken + int(wakeups))
+    return out
+
+
+def _cpu_by_thread(rounds: int, one_round: Any, *args: Any) -> dict[str, tuple[float, float]]:
+    """Microseconds of CPU and wake-ups per round of ``one_round(*args)``, by thread role."""
+    dist.barrier()
+    before = _thread_times()
+    for _ in range(rounds):
+        one_round(*args)
+    after = _thread_times()
+    return {
+        role: (
+            (ns - before.get(role, (0, 0))[0]) / rounds / 1e3,
+            (woken - before.get(role, (0, 0))[1]) / rounds,
+        )
+        for role, (ns, woken) in after.items()
+    }
+
+
+def _print_threads(threads: dict, sizes: list[int]) -> None:
+    """Section 3b: where the CPU of a ping-pong round goes, by thread, both processes."""
+    if not threads:
+        return
+    print(
+        "\n3b. CPU per ping-pong round by thread, both processes summed, us (wake-ups), the last "
+        "run's\n    (on 2 shared cores the wall time follows the CPU; each wake-up of a thread "
+        "whose core slept costs tens of us):"
+    )
+    print(f"  {'':17s}" + "".join(f"{role:>20s}" for role in (*THREAD_ROLES, "total")))
+    for nbytes in sizes:
+        for name in ("gloo", "pp_rdma"):
+            cells, total = [], 0.0
+            for role in THREAD_ROLES:
+                got = [rank[name].get(role) for rank in threads[nbytes]]
+                cpu = sum(g[0] for g in got if g)
+                woken = sum(g[1] for g in got if g)
+                total += cpu
+                cells.append(f"{cpu:9.0f} ({woken:4.1f})" if cpu >= 1 else "-")
+            label = f"{nbytes >> 10} KiB {name}"
+            print(f"  {label:17s}" + "".join(f"{c:>20s}" for c in cells) + f"{total:20.0f}")
 
 
 def _print_phases(phases: dict, sizes: list[int]) -> None:
@@ -463,6 +545,10 @@ def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
     runs = {
         "gloo (plugin off)": None,
         "mooncake": {"TITAN_PP_RDMA_BACKEND": "mooncake"},
+        "mooncake, no spin": {
+            "TITAN_PP_RDMA_BACKEND": "mooncake",
+            "TITAN_PP_RDMA_SPIN_US": "0",  # every wait for a record sleeps at once
+        },
         "mooncake, reads only": {
             "TITAN_PP_RDMA_BACKEND": "mooncake",
             "TITAN_PP_RDMA_INLINE_BYTES": "0",  # every tensor through a Mooncake read

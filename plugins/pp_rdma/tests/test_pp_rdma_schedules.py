@@ -51,6 +51,9 @@ def train_task(pp: int, vpp: int | None, env: dict | None, **config: Any) -> dic
         chunks = tiny_gpt.build_model(cfg, vpp=vpp)
         losses, norms = tiny_gpt.train(chunks, cfg, steps=STEPS, num_microbatches=MICROBATCHES)
         state = report() if env is not None else {}
+        from titan_pp_rdma.session import STATE
+
+        spins = [getattr(x.transport, "spin_s", None) for x in STATE.sessions.values()]
     grads = {k: v for k, v in tiny_gpt.state_snapshot(chunks).items() if k.endswith(".grad")}
     assert patched == (env is not None), "plugin patches not applied as expected"
     assert getattr(schedules.P2PCommunicator, "titan_plugin", None) is None, "patch not undone"
@@ -61,6 +64,7 @@ def train_task(pp: int, vpp: int | None, env: dict | None, **config: Any) -> dic
         "backend": state.get("backend"),
         "report": state,
         "effects": effects.effects(),
+        "spin_s": [x for x in spins if x is not None],
     }
 
 
@@ -146,6 +150,7 @@ def test_pp2_vpp2_mooncake_fixes_batched_order_and_overlap_free(gloo_pool2: Any)
     )
     inline = _run(gloo_pool2, 2, 2, INLINE_ENV, OVERLAP)
     assert all(set(r["effects"]) == {"inline_messages", "inline_bytes"} for r in inline)
+    assert all(r["spin_s"] == [pytest.approx(100e-6)] for r in inline)  # SPIN_US default
     assert_identical(inline, ref, "VPP overlap, inline")
     variable = dict(BATCHED, variable_seq_lengths=True)  # shapes exchanged per message
     assert_identical(_run(gloo_pool2, 2, 2, MOONCAKE_ENV, variable), ref, "VPP variable seq")

@@ -447,6 +447,77 @@ def test_timer_slack_is_touched_only_by_a_wait_that_polls_a_read(
     assert calls == [transport_mod.FINE_SLACK_NS, 50_000], calls
 
 
+def _spins(monkeypatch: pytest.MonkeyPatch, t: MooncakeTransport, log: list[str]) -> None:
+    """Record each progress round, spin and sleep of ``t``, in order."""
+    _trace(monkeypatch, t, log)
+    real_spin = t._spin
+
+    def spin(seconds: float) -> bool:
+        arrived = real_spin(seconds)
+        log.append("spin: arrived" if arrived else "spin: nothing")
+        return arrived
+
+    monkeypatch.setattr(t, "_spin", spin)
+
+
+@pytest.mark.parametrize("spin_s", [0.0, 2.0])
+def test_a_receive_whose_record_comes_within_the_spin_is_taken_without_a_sleep(
+    monkeypatch: pytest.MonkeyPatch, spin_s: float
+) -> None:
+    """Where a sleep and its wake-up cost more than a short spin, a wait for a receive checks
+    its sockets first: the peer's inline send, 50 ms later, lands with no sleep at all. Without
+    the spin (``TITAN_PP_RDMA_SPIN_US=0``) the wait sleeps on the sockets at once."""
+    a, b, _, _ = pair(direct=True)
+    b.spin_s = spin_s  # (2 s: far longer than the peer's delay, however slow the machine)
+    x, y = torch.arange(8.0), torch.zeros(8)
+    recv = b.irecv(y, 0, FWD)
+    log: list[str] = []
+    _spins(monkeypatch, b, log)
+    peer = _later(lambda: a.isend(x, 1, FWD))
+    recv.wait()
+    peer.join()
+    assert y.equal(x)
+    if spin_s:
+        assert "sleep" not in log and log.count("spin: arrived") == 1, log
+    else:
+        assert log[0] == "sleep" and not any(e.startswith("spin") for e in log), log
+
+
+def test_a_spin_that_expires_gives_way_to_a_sleep_once_per_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A record later than the spin is waited for asleep, and the wait spins no more, not even
+    after another record woke it (here a gradient it does not wait for): by then its record is
+    late, and a sleep costs less than spinning on."""
+    a, b, _, _ = pair(direct=True)
+    b.spin_s = 1e-3
+    x, y, other = torch.arange(8.0), torch.zeros(8), torch.zeros(8)
+    b.irecv(other, 0, BWD)
+    recv = b.irecv(y, 0, FWD)
+    log: list[str] = []
+    _spins(monkeypatch, b, log)
+    peer = _later(lambda: (a.isend(x + 1, 1, BWD), time.sleep(0.2), a.isend(x, 1, FWD)), 0.1)
+    recv.wait()
+    peer.join()
+    assert y.equal(x)
+    assert [e for e in log if e != "round"] == ["spin: nothing", "sleep", "sleep"], log
+
+
+def test_a_send_waiting_for_its_read_done_never_spins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A send's read-done comes only after the peer's whole read: its wait sleeps at once."""
+    a, b, _, _ = pair(direct=True)
+    a.spin_s = 2.0
+    x, y = big(3.0), torch.empty_like(big())
+    send = a.isend(x, 1, FWD)
+    log: list[str] = []
+    _spins(monkeypatch, a, log)
+    peer = _later(lambda: b.irecv(y, 0, FWD).wait())
+    send.wait()
+    peer.join()
+    assert y.equal(x) and send.done
+    assert log[0] == "sleep" and not any(e.startswith("spin") for e in log), log
+
+
 # ---------------------------------------------------------------------- hostile input
 def _inject(channel: Channel, *records: tuple[str, bytes]) -> None:
     """Send records on an authenticated channel (a peer that is buggy, not a forger)."""

@@ -34,10 +34,12 @@ def test_settings_from_env(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None
     monkeypatch.setenv("TITAN_PP_RDMA_TIMEOUT_S", "2.5")
     monkeypatch.setenv("TITAN_PP_RDMA_METADATA", "http://127.0.0.1:8080/metadata")
     monkeypatch.setenv("TITAN_PP_RDMA_INLINE_BYTES", "16K")
+    monkeypatch.setenv("TITAN_PP_RDMA_SPIN_US", "0")
     monkeypatch.setenv("TITAN_PP_RDMA_BUFFERS", "zero")  # malformed: warns, keeps the default
     s = PPRdmaSettings.from_env()
     assert "TITAN_PP_RDMA_BUFFERS" in caplog.text and "zero" in caplog.text
     assert (s.protocol, s.timeout_s, s.buffers, s.inline_bytes) == ("tcp", 2.5, "auto", 16384)
+    assert s.spin_us == 0.0
     assert s.metadata == "http://127.0.0.1:8080/metadata"
 
 
@@ -56,6 +58,9 @@ def test_settings_from_env(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None
         ("TITAN_PP_RDMA_DEVICE", "mlx5_0;reboot"),
         ("TITAN_PP_RDMA_INLINE_BYTES", "2G"),
         ("TITAN_PP_RDMA_BUFFERS", "zero"),
+        ("TITAN_PP_RDMA_SPIN_US", "-1"),
+        ("TITAN_PP_RDMA_SPIN_US", "1e6"),  # a second of spinning per wait: a burnt core
+        ("TITAN_PP_RDMA_SPIN_US", "fast"),
     ],
 )
 def test_bad_knob_values_are_reported_and_refused_under_strict(

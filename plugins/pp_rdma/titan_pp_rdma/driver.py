@@ -119,6 +119,21 @@ class DriverMixin:
         except (BlockingIOError, OSError):
             pass
 
+    def _spin(self, seconds: float) -> bool:
+        """Check the control sockets without sleeping for at most ``seconds``; True as soon as
+        one has something to read. Where a sleep and its wake-up cost more CPU than the spin (a
+        VM's idle core halts: ~50-150 us per wake-up on the benchmarks' 2-core VM), a record
+        that comes within it is taken sooner and for less."""
+        channels = [ln.channel for ln in self.links.values() if not ln.channel.eof]
+        end = time.perf_counter() + seconds
+        try:
+            while time.perf_counter() < end:
+                if select.select(channels, [], [], 0)[0]:
+                    return True
+        except (OSError, ValueError):  # a socket closed under us: the next round reports it
+            return True
+        return False
+
     def _poke(self) -> None:
         try:
             self._wake_w.send(b"\0")

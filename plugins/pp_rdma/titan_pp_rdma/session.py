@@ -200,6 +200,7 @@ def _mooncake_session(
         timeout_s=settings.timeout_s,
         device=_device(),
         inline_bytes=settings.inline_bytes,
+        spin_s=settings.spin_us * 1e-6,
     )
     why = f"mooncake {engine.protocol}, {buffers} buffers ({engine.metadata})"
     return Session(ranks, transport, why, settings)

@@ -124,7 +124,27 @@ INLINE_BYTES = Setting(
     minimum=0,
     maximum=1 << 20,
 )
-SETTINGS = [BACKEND, PROTOCOL, METADATA, DEVICE, HOST, TIMEOUT_S, BUFFERS_KNOB, INLINE_BYTES]
+SPIN_US = Setting(
+    "TITAN_PP_RDMA_SPIN_US",
+    float,
+    100.0,
+    "microseconds a wait for an incoming tensor checks its sockets before it sleeps (0: sleep "
+    "at once); where a sleep and wake-up cost more CPU than this (VMs), a message that comes "
+    "sooner is taken without one",
+    minimum=0.0,
+    maximum=10000.0,
+)
+SETTINGS = [
+    BACKEND,
+    PROTOCOL,
+    METADATA,
+    DEVICE,
+    HOST,
+    TIMEOUT_S,
+    BUFFERS_KNOB,
+    INLINE_BYTES,
+    SPIN_US,
+]
 
 
 class PPRdmaSettings(NamedTuple):
@@ -138,6 +158,7 @@ class PPRdmaSettings(NamedTuple):
     timeout_s: float = 300.0
     buffers: str = "auto"
     inline_bytes: int = 64 << 10
+    spin_us: float = 100.0
 
     @classmethod
     def from_env(cls) -> PPRdmaSettings:
@@ -151,4 +172,5 @@ class PPRdmaSettings(NamedTuple):
             timeout_s=TIMEOUT_S.read(),
             buffers=BUFFERS_KNOB.read(),
             inline_bytes=INLINE_BYTES.read(),
+            spin_us=SPIN_US.read(),
         )

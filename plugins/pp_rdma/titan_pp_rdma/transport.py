@@ -67,10 +67,12 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
         timeout_s: float,
         device: torch.device,
         inline_bytes: int = 64 << 10,
+        spin_s: float = 0.0,
         background: bool = True,
     ) -> None:
         self.engine, self.rank, self.tag, self.direct = engine, rank, tag, direct
         self.timeout_s, self.device, self.inline_bytes = timeout_s, device, inline_bytes
+        self.spin_s = spin_s  # how long a receive's wait checks the sockets before it sleeps
         self.reg_local = getattr(engine, "protocol", "tcp") != "tcp"
         self.links = links
         self.error: PPRdmaError | None = None
@@ -208,6 +210,9 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
             last = self._last_due
             skip = self._settled and (last is None or last - time.perf_counter() > FIRST_NAP_S)
         nap = FIRST_NAP_S
+        # A receive's record comes when the peer posts its send, often within microseconds in
+        # a pipeline; a send's read-done only after a whole transfer: only a receive spins.
+        spin = self.spin_s if isinstance(op, RecvOp) else 0.0
         slack = None  # lowered the first time this wait naps on a timer
         try:
             while True:
@@ -229,6 +234,10 @@ class MooncakeTransport(ProtocolMixin, DriverMixin):
                         self.error = PPRdmaTimeout(self._stuck(op))
                     raise self.error
                 if due is None:  # only a record from the peer can move it: sleep on the sockets
+                    if spin:  # (once per wait: after it, the record is late and a sleep cheaper)
+                        spin, arrived = 0.0, self._spin(min(spin, left))
+                        if arrived:
+                            continue
                     # (a socket wakes this sleep whatever the timer slack: leave it alone)
                     self._block(min(IDLE_S, left))
                     continue
