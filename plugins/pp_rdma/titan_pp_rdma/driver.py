@@ -3,7 +3,10 @@
 A ``wait`` drives progress itself: it sleeps in ``select`` on the control sockets, so a record
 wakes it at once, and polls a Mooncake transfer in flight only around its predicted end, with
 short naps whose timer slack is lowered (the kernel's default 50 us slack turned a 10 us nap
-into ~70 us). Every post (``isend`` / ``irecv``) runs a progress round too.
+into ~70 us). A wait for a receive first checks the sockets without sleeping, once, for up to
+``TITAN_PP_RDMA_SPIN_US`` (``_spin``): on a VM a sleep and its wake-up cost more CPU than that
+(an idle core halts), and a pipeline's next message often comes within it. Every post
+(``isend`` / ``irecv``) runs a progress round too.
 
 While the training thread computes with ops outstanding that need someone to act before it
 waits (a read to start or poll, a read-done to answer, device work to watch: ``Link.needs_ticks``),
