@@ -373,6 +373,19 @@ def _trace(monkeypatch: pytest.MonkeyPatch, t: MooncakeTransport, log: list[str]
     monkeypatch.setattr(t, "_block", block)
 
 
+def _spins(monkeypatch: pytest.MonkeyPatch, t: MooncakeTransport, log: list[str]) -> None:
+    """Record each progress round, spin and sleep of ``t``, in order."""
+    _trace(monkeypatch, t, log)
+    real_spin = t._spin
+
+    def spin(seconds: float) -> bool:
+        arrived = real_spin(seconds)
+        log.append("spin: arrived" if arrived else "spin: nothing")
+        return arrived
+
+    monkeypatch.setattr(t, "_spin", spin)
+
+
 def _later(fn: Any, delay: float = 0.05) -> threading.Thread:
     thread = threading.Thread(target=lambda: (time.sleep(delay), fn()))
     thread.start()
@@ -384,17 +397,19 @@ def test_a_wait_right_after_its_post_sleeps_before_running_another_round(
 ) -> None:
     """The post's round found nothing to do until the peer answers: a second round at the start
     of the wait would find the same, so the wait goes to sleep on the sockets at once (and the
-    peer's answer still wakes it)."""
+    peer's answer still wakes it). It does not spin first, however long the spin: a send's
+    read-done comes only after the peer's whole read."""
     a, b, _, _ = pair(direct=True)
+    a.spin_s = 2.0
     x, y = big(4.0), torch.empty_like(big())
     send = a.isend(x, 1, FWD)
     log: list[str] = []
-    _trace(monkeypatch, a, log)
+    _spins(monkeypatch, a, log)
     peer = _later(lambda: b.irecv(y, 0, FWD).wait())
     send.wait()
     peer.join()
     assert send.done and y.equal(x)
-    assert log[0] == "sleep", log
+    assert log[0] == "sleep" and not any(e.startswith("spin") for e in log), log
     assert log.count("round") == log.count("sleep")  # every wake-up runs one round
 
 
@@ -447,19 +462,6 @@ def test_timer_slack_is_touched_only_by_a_wait_that_polls_a_read(
     assert calls == [transport_mod.FINE_SLACK_NS, 50_000], calls
 
 
-def _spins(monkeypatch: pytest.MonkeyPatch, t: MooncakeTransport, log: list[str]) -> None:
-    """Record each progress round, spin and sleep of ``t``, in order."""
-    _trace(monkeypatch, t, log)
-    real_spin = t._spin
-
-    def spin(seconds: float) -> bool:
-        arrived = real_spin(seconds)
-        log.append("spin: arrived" if arrived else "spin: nothing")
-        return arrived
-
-    monkeypatch.setattr(t, "_spin", spin)
-
-
 @pytest.mark.parametrize("spin_s", [0.0, 2.0])
 def test_a_receive_whose_record_comes_within_the_spin_is_taken_without_a_sleep(
     monkeypatch: pytest.MonkeyPatch, spin_s: float
@@ -501,21 +503,6 @@ def test_a_spin_that_expires_gives_way_to_a_sleep_once_per_wait(
     peer.join()
     assert y.equal(x)
     assert [e for e in log if e != "round"] == ["spin: nothing", "sleep", "sleep"], log
-
-
-def test_a_send_waiting_for_its_read_done_never_spins(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A send's read-done comes only after the peer's whole read: its wait sleeps at once."""
-    a, b, _, _ = pair(direct=True)
-    a.spin_s = 2.0
-    x, y = big(3.0), torch.empty_like(big())
-    send = a.isend(x, 1, FWD)
-    log: list[str] = []
-    _spins(monkeypatch, a, log)
-    peer = _later(lambda: b.irecv(y, 0, FWD).wait())
-    send.wait()
-    peer.join()
-    assert y.equal(x) and send.done
-    assert log[0] == "sleep" and not any(e.startswith("spin") for e in log), log
 
 
 # ---------------------------------------------------------------------- hostile input
