@@ -15,7 +15,7 @@ Prints, each against gloo measured in the same run (ratio > 1: pp_rdma faster; g
    more than gloo's own smallest message: a receiver cannot read before it learns where and
    when, nor use written bytes before it learns they landed). Both bounds are measured in the
    same rounds as the ping-pong (alternating), and hold for one Mooncake transfer per message
-   (pp_rdma splits reads of 32 MiB and more into concurrent slices, which can beat them). Where
+   (pp_rdma splits reads of 8 MiB and more into concurrent slices, which can beat them). Where
    even the second bound is below gloo, the verdict says so and how near pp_rdma comes to it;
    and streaming:
    ``--window`` messages posted together then waited (as the interleaved schedule posts its P2P
