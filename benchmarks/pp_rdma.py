@@ -385,8 +385,9 @@ THREAD_ROLES = ("training thread", "pp_rdma helper", "gloo's threads", "Mooncake
 
 
 def _thread_times() -> dict[str, tuple[int, int]]:
-    """CPU ns and wake-ups so far of this process's threads, summed by role (Linux schedstat;
-    empty without /proc). Mooncake's engine threads carry no name of their own."""
+    """CPU ns and wake-ups so far of this process's threads, summed by role (Linux schedstat:
+    run time and times scheduled onto a core, which for a thread that sleeps between events is
+    its wake-ups; empty without /proc). Mooncake's engine threads carry no name of their own."""
     names = {t.native_id: t.name for t in threading.enumerate()}
     main = threading.main_thread().native_id
     out: dict[str, tuple[int, int]] = {}
