@@ -101,12 +101,16 @@ class DriverMixin:
             self._thread.start()
         _LIVE.add(self)
 
+    def _open_channels(self) -> list[Any]:
+        """The control channels a sleep or a spin watches (those whose peer has not closed)."""
+        return [ln.channel for ln in self.links.values() if not ln.channel.eof]
+
     def _block(self, timeout: float, sockets: bool = True, pokes: bool = False) -> None:
         """Sleep at most ``timeout`` until a control socket needs us (``sockets``) or, for the
         helper (``pokes``), until a poke. The wake-up socket is the helper's alone: a wait that
         watched it too would drain a poke meant for a helper not yet asleep, which would then
         sleep through the work the poke announced."""
-        channels = [ln.channel for ln in self.links.values() if sockets and not ln.channel.eof]
+        channels = self._open_channels() if sockets else []
         readable = [self._wake_r, *channels] if pokes else channels
         writable = [c for c in channels if c.wants_write]
         try:
@@ -127,7 +131,7 @@ class DriverMixin:
         one has something to read. Where a sleep and its wake-up cost more CPU than the spin (a
         VM's idle core halts: ~50-150 us per wake-up on the benchmarks' 2-core VM), a record
         that comes within it is taken sooner and for less."""
-        channels = [ln.channel for ln in self.links.values() if not ln.channel.eof]
+        channels = self._open_channels()
         end = time.perf_counter() + seconds
         try:
             while time.perf_counter() < end:
