@@ -519,18 +519,11 @@ def _helper_rounds() -> int | None:
 
 
 def _helper_cpu() -> float | None:
-    """CPU seconds the pp_rdma helper threads of this process used so far (Linux schedstat;
+    """CPU seconds the pp_rdma helper threads of this process used so far (``_thread_times``;
     None without a helper or without /proc). On 2 shared cores it is taken from the training
     threads: each wake-up costs far more there than the few lines it runs."""
-    from titan_pp_rdma.session import STATE
-
-    threads = [getattr(s.transport, "_thread", None) for s in STATE.sessions.values()]
-    ids = [t.native_id for t in threads if t is not None and t.native_id is not None]
-    try:
-        runs = [Path(f"/proc/self/task/{i}/schedstat").read_text().split()[0] for i in ids]
-    except OSError:
-        return None
-    return sum(int(ns) for ns in runs) / 1e9 if ids else None
+    helper = _thread_times().get(THREAD_ROLES[1])
+    return None if helper is None else helper[0] / 1e9
 
 
 def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
