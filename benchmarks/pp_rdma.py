@@ -33,7 +33,9 @@ Prints, each against gloo measured in the same run (ratio > 1: pp_rdma faster; g
    it tiny on CPU (``scripts/gpu_check.sh --dry-run``).
 
 ``--runs N`` repeats sections 1-3 in N fresh process pairs and pools the ping-pong: the median
-over runs of each run's ratio and cap, and a verdict on that.
+over runs of each run's ratio and cap, the 95% interval of each median, and a verdict on that
+(``pooled_verdict``: a cap is shown only when its whole interval lies below 1.0; 5 runs or
+more).
 
 Every time is the median of ``--reps`` rounds; each round starts after a barrier and runs from
 the later rank's start to the later rank's end (``perf_counter`` is one clock for every process
@@ -64,11 +66,14 @@ import loadguard
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from intervals import median_interval
 
 os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
 SIZES_KIB = (256, 1024, 4096, 16384, 65536)
 ONE_WAY = ("gloo", "pp_rdma", "raw read", "raw write")
 BOUNDS = ("gloo signal", "raw read", "raw write", "raw tiny")  # measured with each ping-pong
+CONFIDENCE = 0.95  # of the pooled ping-pong's intervals
+MIN_COVERAGE = 0.9  # an interval that covers the median less often shows no cap
 STEPS = 3  # timed training steps per run of section 4 (after one warm-up step)
 
 
@@ -316,16 +321,52 @@ def _print_pooled(pooled: dict[int, list[tuple[float, float]]], args: argparse.N
     between runs gloo's own ping-pong moved by up to 2x (4 MiB: 0.97-2.03 GB/s over six runs on
     2026-12-02). So the pooled verdict is the median over runs of ratios measured within a run.
     """
-    print(f"\n   ping-pong over {args.runs} runs, median [min-max] of the per-run ratios:")
+    print(
+        f"\n   ping-pong over {args.runs} runs, median of the per-run ratios "
+        f"[{CONFIDENCE:.0%} interval of the median, or the whole range when fewer runs]:"
+    )
     for nbytes, runs in pooled.items():
         ratios, caps = [r for r, _ in runs], [c for _, c in runs]
         ratio, cap = statistics.median(ratios), statistics.median(caps)
+        r_low, r_high, _ = median_interval(ratios, CONFIDENCE)
+        c_low, c_high, _ = median_interval(caps, CONFIDENCE)
         share = statistics.median(r / c for r, c in runs)
         print(
-            f"  {nbytes >> 10:6d} KiB  pp_rdma {ratio:4.2f}x [{min(ratios):4.2f}-{max(ratios):4.2f}]"
-            f"  cap {cap:4.2f}x [{min(caps):4.2f}-{max(caps):4.2f}]  pp_rdma / cap {share:.0%}  "
-            + loadguard.verdict(ratio >= 1.0, args, _unmet(cap))
+            f"  {nbytes >> 10:6d} KiB  pp_rdma {ratio:4.2f}x [{r_low:4.2f}-{r_high:4.2f}]"
+            f"  cap {cap:4.2f}x [{c_low:4.2f}-{c_high:4.2f}]  pp_rdma / cap {share:.0%}  "
+            + pooled_verdict(runs, args)
         )
+
+
+def pooled_verdict(runs: list[tuple[float, float]], args: argparse.Namespace | None) -> str:
+    """The ping-pong goal judged over runs: each run's (pp_rdma / gloo, cap / gloo).
+
+    Met when the median ratio is at least 1.0. Otherwise the cap is shown only when the whole
+    interval of its median lies below 1.0: a median cap below 1.0 whose interval reaches 1.0
+    (the per-run caps at 16 and 64 MiB spread over 0.56-1.14 on the 2-core VM) does not show
+    that Mooncake's transport is what stops pp_rdma, and neither do too few runs for a
+    ``CONFIDENCE`` interval (fewer than 6 give the whole range, at a lower coverage).
+    """
+    ratios, caps = [r for r, _ in runs], [c for _, c in runs]
+    if statistics.median(ratios) >= 1.0:
+        return loadguard.verdict(True, args)
+    low, high, coverage = median_interval(caps, CONFIDENCE)
+    if coverage < MIN_COVERAGE:
+        why = (
+            f"NOT met; {len(runs)} runs cannot show a cap (their range covers the median "
+            f"{coverage:.0%}): use --runs 5 or more"
+        )
+    elif high < 1.0:
+        why = (
+            f"NOT met: capped, Mooncake's TCP transport caps any protocol below gloo here "
+            f"(cap {statistics.median(caps):.2f}x, its interval {low:.2f}-{high:.2f} below 1.0)"
+        )
+    else:
+        why = (
+            f"NOT met, and no cap shown: the cap's interval {low:.2f}-{high:.2f} reaches 1.0 "
+            "(more --runs narrow it where the cap is below 1.0)"
+        )
+    return loadguard.verdict(False, args, why)
 
 
 def _unmet(cap: float, reached: str = "") -> str:
