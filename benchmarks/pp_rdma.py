@@ -369,12 +369,11 @@ def pooled_verdict(runs: list[tuple[float, float]], args: argparse.Namespace | N
     return loadguard.verdict(False, args, why)
 
 
-def _unmet(cap: float, reached: str = "") -> str:
-    """The verdict's unmet text for a ping-pong whose cap (vs gloo) is ``cap``: where no protocol
-    over Mooncake's TCP transport reaches gloo, it says so (``reached``: how near pp_rdma came)."""
-    if cap >= 1.0:
-        return "NOT met"
-    return f"NOT met (Mooncake's TCP transport caps any protocol at {cap:.2f}x here{reached})"
+def _unmet(cap: float, reached: str) -> str:
+    """One run's unmet text for a ping-pong whose cap (vs gloo) in this run is ``cap``
+    (``reached``: how near pp_rdma came). One run's cap is a point among widely spread ones
+    (0.52-1.22 at 16 MiB over 11 runs): only the pooled verdict (``--runs``) may call it a cap."""
+    return f"NOT met (this run's cap {cap:.2f}x{reached}; --runs 5 or more judge the cap)"
 
 
 def _print_run(
@@ -409,7 +408,7 @@ def _print_run(
                     f"  (raw Mooncake reads alone: {g / floor:4.2f}x; raw read or write + "
                     f"gloo-speed signals: {g / signalled:4.2f}x)"
                 )
-                unmet = _unmet(g / signalled, f"; pp_rdma reaches {signalled / m:.0%} of that cap")
+                unmet = _unmet(g / signalled, f"; pp_rdma reaches {signalled / m:.0%} of it")
                 verdict = loadguard.verdict(g / m >= 1.0, args, unmet)
                 pingpong[nbytes] = (g / m, g / signalled)
             cpu = [med[(n + " cpu", nbytes, w)] * 1e6 for n in ("gloo", "pp_rdma")]

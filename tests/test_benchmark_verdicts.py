@@ -64,3 +64,11 @@ def test_too_few_runs_show_no_cap(bench):
 def test_a_busy_machine_withholds_the_pooled_verdict(bench, monkeypatch):
     monkeypatch.setattr(bench.loadguard, "load", lambda: (3.0, 0.0, 0.0))
     assert bench.pooled_verdict([(1.2, 1.0)] * 5, ARGS).startswith("no verdict")
+
+
+def test_one_run_never_calls_its_cap_a_cap(bench):
+    # below 1.0 or not, one run's cap is reported as that run's, and the pooled runs judge it
+    for cap in (0.5, 1.2):
+        text = bench._unmet(cap, "; pp_rdma reaches 80% of it")
+        assert text.startswith(f"NOT met (this run's cap {cap:.2f}x; pp_rdma reaches 80% of it")
+        assert "caps any protocol" not in text and "--runs 5" in text
