@@ -343,7 +343,7 @@ def pooled_verdict(runs: list[tuple[float, float]], args: argparse.Namespace | N
 
     Met when the median ratio is at least 1.0. Otherwise the cap is shown only when the whole
     interval of its median lies below 1.0: a median cap below 1.0 whose interval reaches 1.0
-    (the per-run caps at 16 and 64 MiB spread over 0.56-1.14 on the 2-core VM) does not show
+    (one run's cap at 16 MiB ranged over 0.60-1.33 in 31 runs on the 2-core VM) does not show
     that Mooncake's transport is what stops pp_rdma, and neither do too few runs for a
     ``CONFIDENCE`` interval (fewer than 6 give the whole range, at a lower coverage).
     """
@@ -372,7 +372,7 @@ def pooled_verdict(runs: list[tuple[float, float]], args: argparse.Namespace | N
 def _unmet(cap: float, reached: str) -> str:
     """One run's unmet text for a ping-pong whose cap (vs gloo) in this run is ``cap``
     (``reached``: how near pp_rdma came). One run's cap is a point among widely spread ones
-    (0.52-1.22 at 16 MiB over 11 runs): only the pooled verdict (``--runs``) may call it a cap."""
+    (0.60-1.33 at 16 MiB over 31 runs): only the pooled verdict (``--runs``) may call it a cap."""
     return f"NOT met (this run's cap {cap:.2f}x{reached}; --runs 5 or more judge the cap)"
 
 
