@@ -740,7 +740,9 @@ def test_a_quiet_helper_sleeps_until_housekeeping_and_the_post_that_needs_it_wak
         x, y = big(5.0), torch.empty_like(big())
         recv = b.irecv(y, 0, FWD)  # needs the helper: it is woken, once
         send = a.isend(x, 1, FWD)
-        assert not (a._quiet or b._quiet)
+        # (not the flags: a test thread stalled for QUIET_S on a loaded machine sees helpers
+        # that woke, moved the transfer and went quiet again; with housekeeping at 30 s only a
+        # woken helper completes the transfer in time)
         assert _until(lambda: recv.done and send.done, 5.0), "the quiet helpers were not woken"
         assert y.equal(x) and eb.reads == 1
     finally:
