@@ -6,6 +6,10 @@ shared code moves into the core's public modules. The core (``titan_plugins``, `
 never imports a plugin. Checked on the source (AST, nothing imported); imports by string
 (``importlib.import_module``, ``__import__``) count too; the checker is tested on a bad fixture.
 And ``import torch`` (the autoload entry point) imports neither megatron nor any plugin.
+
+The core's own import graph (issue 30 item 7) has no cycle, and the core is host-neutral: what
+is Megatron-specific lives in the Megatron host's room (``titan_plugins/hosts/megatron/``), which
+the rest of the core reaches only through ``titan_plugins.hosts.HOSTS``.
 """
 
 from __future__ import annotations
@@ -153,7 +157,7 @@ def bad_tree(tmp_path: Path) -> Path:
         "import titan_beta.core\n"  # line 2: another plugin
         "from titan_plugins import _log, hookimpl, __version__\n"  # 3: private (only _log)
         "from titan_plugins.testing._post_import import watch\n"  # 4: private submodule
-        "from titan_plugins.schedule import Unit\n"  # public: fine
+        "from titan_plugins.hosts.megatron.schedule import Unit\n"  # public: fine
         "from . import helpers\n"  # relative, own package: fine
         "from titan_alpha import helpers\n"  # own package: fine
         "mod = importlib.import_module('titan_beta.plugin')\n",  # 8: by string
@@ -206,3 +210,265 @@ def test_knob_read_pattern_catches_raw_reads() -> None:
     assert KNOB_READ.search("os.environ['TITAN_FOO']")
     assert KNOB_READ.search('os.getenv("TITAN_FOO")')
     assert not KNOB_READ.search('os.environ.get("LOCAL_WORLD_SIZE", "1")')
+
+
+# ---------------------------------------------------------------- the core's import graph
+def core_modules(root: Path) -> dict[str, Path]:
+    """Every module of the ``titan_plugins`` package under ``root``, by dotted name."""
+    found = {}
+    for path in sorted((root / CORE).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _type_checking(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    )
+
+
+def _runtime_nodes(node: ast.AST) -> list[ast.AST]:
+    """Every node below ``node`` except the bodies of ``if TYPE_CHECKING:`` blocks (their
+    ``else`` runs). Function bodies count: an import there still runs, later."""
+    found: list[ast.AST] = []
+    for child in ast.iter_child_nodes(node):
+        if _type_checking(child):
+            for other in child.orelse:  # type: ignore[attr-defined]
+                found += [other, *_runtime_nodes(other)]
+            continue
+        found += [child, *_runtime_nodes(child)]
+    return found
+
+
+def module_imports(name: str, path: Path) -> list[tuple[int, str]]:
+    """(line, dotted name) of everything module ``name`` imports when it runs.
+
+    ``from a import b`` gives ``a`` and ``a.b`` (``b`` may be a module); relative imports are
+    resolved against the module's package; ``importlib.import_module("x")`` / ``__import__("x")``
+    with a constant string count. A package's lazy table (``titan_plugins/__init__.py``:
+    ``_LAZY``, resolved by ``__getattr__`` on attribute access) is data, not an import: it runs
+    only after the package has finished importing, so it can never close an import-time cycle
+    (``test_the_package_imports_nothing_at_import_time`` keeps that package a leaf).
+    """
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[tuple[int, str]] = []
+    for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, *([module] if module else [])])
+            found.append((node.lineno, module))
+            found += [(node.lineno, f"{module}.{a.name}") for a in node.names if a.name != "*"]
+        elif isinstance(node, ast.Call) and node.args and _is_import_call(node.func):
+            first = node.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                found.append((node.lineno, first.value))
+    return found
+
+
+def import_graph(root: Path) -> dict[str, dict[str, int]]:
+    """Module -> {core module it imports: first line}, over the ``titan_plugins`` tree."""
+    modules = core_modules(root)
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in modules.items():
+        edges: dict[str, int] = {}
+        for line, target in module_imports(name, path):
+            if target in modules and target != name:
+                edges.setdefault(target, line)
+        graph[name] = edges
+    return graph
+
+
+def import_groups(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Each group of modules that import each other in a circle (strongly connected), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan; the core is small, recursion is fine
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1 or v in graph[v]:
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(sorted(group) for group in groups)
+
+
+def import_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One shortest cycle through each of :func:`import_groups` (first module repeated last),
+    found from the group's first module in sorted order; [] when the graph is acyclic."""
+    cycles = []
+    for group in import_groups(graph):
+        start = min(group)
+        paths = {start: [start]}
+        queue = [start]
+        while queue:  # breadth first: the shortest way back to ``start`` inside the group
+            v = queue.pop(0)
+            if start in graph[v]:
+                cycles.append([*paths[v], start])
+                break
+            for w in sorted(graph[v]):
+                if w in group and w not in paths:
+                    paths[w] = [*paths[v], w]
+                    queue.append(w)
+    return cycles
+
+
+def describe_cycle(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
+    return (
+        " -> ".join(f"{a} (line {graph[a][b]})" for a, b in zip(cycle, cycle[1:]))
+        + f" -> {cycle[-1]}"
+    )
+
+
+def test_the_core_import_graph_has_no_cycle() -> None:
+    graph = import_graph(ROOT)
+    assert len(graph) > 40 and graph["titan_plugins.activation"], "the checker sees no core"
+    groups, cycles = import_groups(graph), import_cycles(graph)
+    assert groups == [], "modules of the core that import each other in a circle:\n" + "\n".join(
+        f"{len(group)} modules: {', '.join(group)}\n  e.g. {describe_cycle(cycle, graph)}"
+        for group, cycle in zip(groups, cycles)
+    )
+
+
+def test_the_package_imports_nothing_at_import_time() -> None:
+    # Why the lazy table may be left out of the graph: the package itself imports only its
+    # version at import time, and every public name resolves after the package is complete.
+    assert set(import_graph(ROOT)["titan_plugins"]) == {"titan_plugins.version"}
+
+
+@pytest.fixture
+def cyclic_tree(tmp_path: Path) -> Path:
+    """A fake core: ``a -> b -> c -> a`` closed by an import inside a function; ``d <-> e``
+    only under ``TYPE_CHECKING`` (no cycle); ``pkg/x -> pkg`` and ``pkg -> pkg/x`` through a
+    relative import and an ``import_module`` string."""
+    _write(tmp_path, f"{CORE}/__init__.py", "")
+    _write(tmp_path, f"{CORE}/a.py", f"from {CORE} import b\n")
+    _write(tmp_path, f"{CORE}/b.py", f"import {CORE}.c as c\n")
+    _write(tmp_path, f"{CORE}/c.py", f"def later():\n    from {CORE}.a import thing\n")
+    _write(
+        tmp_path,
+        f"{CORE}/d.py",
+        f"from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from {CORE} import e\n",
+    )
+    _write(tmp_path, f"{CORE}/e.py", f"from {CORE}.d import X\n")
+    _write(tmp_path, f"{CORE}/pkg/__init__.py", "import importlib\n")
+    _write(
+        tmp_path,
+        f"{CORE}/pkg/x.py",
+        f"from . import y\nimport importlib\nimportlib.import_module('{CORE}.pkg')\n",
+    )
+    _write(tmp_path, f"{CORE}/pkg/y.py", f"def f():\n    return __import__('{CORE}.pkg.x')\n")
+    return tmp_path
+
+
+def test_cycle_checker_finds_function_level_cycles_not_type_only_ones(cyclic_tree: Path) -> None:
+    graph = import_graph(cyclic_tree)
+    assert graph[f"{CORE}.d"] == {}  # type-only
+    assert graph[f"{CORE}.e"] == {f"{CORE}.d": 1}
+    assert import_groups(graph) == [
+        [f"{CORE}.a", f"{CORE}.b", f"{CORE}.c"],
+        [f"{CORE}.pkg.x", f"{CORE}.pkg.y"],
+    ]
+    assert import_cycles(graph) == [
+        [f"{CORE}.a", f"{CORE}.b", f"{CORE}.c", f"{CORE}.a"],
+        [f"{CORE}.pkg.x", f"{CORE}.pkg.y", f"{CORE}.pkg.x"],
+    ]
+    assert describe_cycle(import_cycles(graph)[0], graph) == (
+        f"{CORE}.a (line 1) -> {CORE}.b (line 1) -> {CORE}.c (line 2) -> {CORE}.a"
+    )
+
+
+# ---------------------------------------------------------------- one room per host
+HOSTS_DIR = f"{CORE}/hosts"
+# Rooms that read a host's own things directly: each host's room, the test harness, and the
+# planner (``titan-plugins plan`` models a Megatron-LM launch: its flags, its schedule order).
+HOST_READERS = (f"{CORE}/hosts/", f"{CORE}/testing/", f"{CORE}/plan/")
+MEGATRON_PATH = re.compile(r"^megatron(\.\w+)+(:[\w.]+)?$")
+
+
+def host_problems(root: Path) -> list[str]:
+    """Where the host-neutral core (``titan_plugins`` outside :data:`HOST_READERS`) imports
+    megatron, names a megatron module path, or reaches into a host's room other than through
+    ``titan_plugins.hosts`` (``HOSTS``). Type-only imports (``TYPE_CHECKING``) are fine."""
+    found = []
+    for name, path in core_modules(root).items():
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(HOST_READERS):
+            continue
+        nodes = _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"), rel))
+        for line, target in module_imports(name, path):
+            if target.split(".")[0] == "megatron":
+                found.append(f"{rel}:{line}: imports {target}")
+            elif target.startswith(f"{CORE}.hosts.") and target != f"{CORE}.hosts.HOSTS":
+                found.append(f"{rel}:{line}: reaches {target} (only titan_plugins.hosts.HOSTS)")
+        for node in nodes:
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if MEGATRON_PATH.match(node.value):
+                    found.append(f"{rel}:{node.lineno}: names {node.value!r}")
+    return sorted(set(found))
+
+
+def test_the_core_is_host_neutral_and_reaches_hosts_only_through_hosts() -> None:
+    assert host_problems(ROOT) == []
+    from titan_plugins import autoload, hosts
+    from titan_plugins.hosts import megatron
+
+    assert hosts.HOSTS == {"megatron": megatron}
+    # the import-torch trigger stays standard library only, so it lists the hosts' packages
+    # itself: the same ones
+    prefixes = {p for host in hosts.HOSTS.values() for p in host.TRIGGER_PREFIXES}
+    assert set(autoload.TRIGGER_PREFIXES) == prefixes == {"megatron"}
+
+
+def test_host_checker_flags_each_host_specific_line(tmp_path: Path) -> None:
+    _write(tmp_path, f"{CORE}/__init__.py", "")
+    _write(tmp_path, f"{HOSTS_DIR}/__init__.py", "from . import megatron\nHOSTS = {}\n")
+    _write(tmp_path, f"{HOSTS_DIR}/megatron/__init__.py", "import megatron.core\n")  # its room
+    _write(tmp_path, f"{HOSTS_DIR}/megatron/train_step.py", "")
+    _write(tmp_path, f"{CORE}/plan/memory.py", f"from {CORE}.hosts.megatron import x\n")  # reader
+    _write(
+        tmp_path,
+        f"{CORE}/engine.py",
+        "from typing import TYPE_CHECKING\n"
+        f"from {CORE}.hosts import HOSTS\n"  # the registration point: fine
+        "if TYPE_CHECKING:\n"
+        f"    from {CORE}.hosts.megatron.train_step import TrainStep\n"  # type only: fine
+        "def f():\n"
+        "    import megatron.core.parallel_state\n"  # 6
+        f"    from {CORE}.hosts.megatron import train_step\n"  # 7
+        "TARGET = 'megatron.core.optimizer:MixedPrecisionOptimizer.step'\n"  # 8
+        "NOTE = 'megatron.core is not importable here'\n",  # prose: fine
+    )
+    assert host_problems(tmp_path) == [
+        f"{CORE}/engine.py:6: imports megatron.core.parallel_state",
+        f"{CORE}/engine.py:7: reaches {CORE}.hosts.megatron (only titan_plugins.hosts.HOSTS)",
+        f"{CORE}/engine.py:7: reaches {CORE}.hosts.megatron.train_step (only "
+        "titan_plugins.hosts.HOSTS)",
+        f"{CORE}/engine.py:8: names 'megatron.core.optimizer:MixedPrecisionOptimizer.step'",
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -104,3 +105,57 @@ def test_malformed_strict_value_counts_as_strict(only_example, capsys, monkeypat
     monkeypatch.setenv("TITAN_PLUGINS_STRICT", "maybe")
     assert cli.main(["list"]) == 1
     assert "TITAN_PLUGINS_STRICT='maybe'" in capsys.readouterr().err
+
+
+@pytest.fixture
+def installed_plugins(monkeypatch):
+    """Discovery sees the installed plugins; no TITAN_* variable of the caller leaks in."""
+    from titan_plugins import settings
+
+    for var in [v for v in os.environ if v.startswith("TITAN_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.setattr(settings, "_WARNED", set())
+    monkeypatch.setattr(activation, "_CURRENT", None)
+    yield
+    activation.undo()
+
+
+def _typos(out: str) -> list[str]:
+    return [line for line in out.splitlines() if "no installed plugin declares it" in line]
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"TITAN_REWIND_MAX_HOST_BYTES": "9" * 401},  # a bad value: shown as its problem
+        {"TITAN_PLUGINS_ONLY": "act_offload", "TITAN_REWIND_INTERVAL": "5"},  # plugin off
+        {"TITAN_REWIND": "0", "TITAN_REWIND_MAX_HOST_BYTES": "lots"},  # off, and a bad value
+    ],
+    ids=["bad-value", "plugin-off", "off-and-bad"],
+)
+def test_env_never_calls_a_declared_knob_a_typo(installed_plugins, capsys, monkeypatch, env):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("TITAN_REWND_INTERVAL", "5")  # a real typo, still flagged
+    assert cli.main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert _typos(out) == [
+        "warning: TITAN_REWND_INTERVAL is set but no installed plugin declares it (typo?)"
+    ]
+    assert "TITAN_REWIND_INTERVAL=" in out and "TITAN_ACT_OFFLOAD_MIN_BYTES=" in out
+    if "TITAN_REWIND_MAX_HOST_BYTES" in env:
+        assert "    error: TITAN_REWIND_MAX_HOST_BYTES=" in out
+        assert "9" * 100 not in out  # the value is shortened, also in the listing
+
+
+def test_env_lists_every_plugins_knobs_even_when_activation_fails(
+    installed_plugins, capsys, monkeypatch
+):
+    def broken(self):
+        raise RuntimeError("something else went wrong")
+
+    monkeypatch.setattr(activation.Activation, "start", broken)
+    monkeypatch.setenv("TITAN_PP_RDMA_INLINE_BYTES", "64K")
+    cli.main(["env"])
+    out = capsys.readouterr().out
+    assert _typos(out) == [] and "TITAN_PP_RDMA_INLINE_BYTES='64K'" in out

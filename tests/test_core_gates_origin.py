@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from titan_plugins.hosts import megatron as megatron_room
 from titan_plugins.patching import (
     APPLIED,
     PENDING,
@@ -395,7 +396,7 @@ def test_report_says_where_megatron_comes_from():
     from titan_plugins import report
 
     data = report.megatron_origin()
-    expected = origin.describe()
+    expected = origin.describe("megatron.core", "megatron-core")
     assert data["path"] == expected.path and data["version"] == expected.version
     assert data["kind"] == expected.kind and data["summary"] == expected.summary()
 
@@ -435,3 +436,21 @@ def test_an_unsupported_megatron_logs_one_line_per_plugin(fake, caplog):
     entry = {"state": "enabled", "reason": "", "patches": [p.as_dict() for p in patches[:3]]}
     _mark_inactive(entry)
     assert entry["state"] == "inactive" and "0.15.3" in entry["reason"]
+
+
+def test_a_variant_for_another_supported_line_is_by_design_not_a_skip():
+    """On the installed line (0.16 in the 3.11 venv, 0.19 in the 3.12 one) a record written for
+    another supported line is reported as such; a gate outside the supported lines is a skip."""
+    from titan_plugins.patching import gates
+
+    here = gates.resolve_version("megatron-core")[0]
+    line = ".".join(here.split(".")[:2])
+    elsewhere = next(x for x in megatron_room.MEGATRON_LINES if x != line)
+    said = gates.other_line((megatron_room.megatron_lines(elsewhere, elsewhere),))
+    assert said is not None and said.rsplit("this is ", 1)[-1].split("+")[0] == here.split("+")[0]
+    assert gates.other_line((megatron_room.megatron_lines(line, line),)) is None  # it holds here
+    assert gates.other_line(("megatron-core>=0.30",)) is None
+    assert gates.other_line(("megatron-core>=0.16,<0.16.1",)) is None  # not a line gate
+    with pytest.raises(ValueError, match="known lines"):
+        megatron_room.megatron_lines("0.15")
+    assert megatron_room.megatron_lines("0.16", "0.17") == "megatron-core>=0.16,<0.18"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from titan_plugins import activation, hookimpl, hookspecs
-from titan_plugins.builtin import _wrap_add_arguments, _wrap_config_from_args
+from titan_plugins.hosts.megatron.patches import _wrap_add_arguments, _wrap_config_from_args
 from titan_plugins.patching import PatchEngine
 from titan_plugins.settings import Setting
 from titan_plugins.testing import fake_entry_point
@@ -191,7 +191,7 @@ class StepRecorder:
 
 def hooked_training(parallel: dict) -> dict:
     """Train 2 steps and evaluate once with and without a recorder wrapping every hook."""
-    from titan_plugins.testing import tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
 
     out: dict = {}
     for mode in ("plain", "hooked"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 
 import pytest
+import torch
 
 from titan_plugins import host_memory
 
@@ -52,14 +53,54 @@ def test_act_offload_pool_and_rewind_snapshots_share_the_limit():
     held = [pool.acquire(16 << 10) for _ in range(3)]  # 48K of the 64K
     assert all(b is not None for b in held)
     store = SnapshotStore(interval=1, stable_after=1, budget=1 << 30)
-    store.planned = 16 << 10  # two snapshots need 32K: only 16K are left
-    assert not store._fits([], None)
+    chunks = [torch.nn.Linear(64, 64, bias=False)]  # 16 KiB of fp32 weights, no optimizer state
+    assert not store._fits(chunks, None)  # two snapshots need 32K: only 16K are left
     assert "TITAN_PLUGINS_MAX_HOST_BYTES" in store.no_snapshot
-    assert "'act_offload': 49152" in store.no_snapshot  # it says who holds what
+    assert "act_offload 48 KiB (49,152 bytes)" in store.no_snapshot  # who holds what
     for buffer in held:
         pool.release(buffer)
     pool.clear()  # act_offload gives its idle buffers back: rewind now fits
     store.no_snapshot = ""
-    assert store._fits([], None) and store.ledger.held == 32 << 10
+    assert store._fits(chunks, None) and store.ledger.held == 32 << 10
     assert pool.acquire(48 << 10) is None  # and now the pool is the one refused
     assert pool.stats()["shared_refusals"] == 1
+
+
+def test_a_refusal_says_the_sizes_once_readable_and_exact_and_names_the_knob():
+    base = host_memory.usage()["total"]
+    assert host_memory.reserve("act_offload", (48 << 10) - base)
+    try:
+        message = host_memory.shortfall(10328280)
+    finally:
+        host_memory.release("act_offload", (48 << 10) - base)
+    assert message.startswith(
+        "need 9.85 MiB (10,328,280 bytes) but only 16 KiB (16,384 bytes) of "
+        "TITAN_PLUGINS_MAX_HOST_BYTES=64K remain"
+    ), message
+    assert "10328280" not in message and "act_offload" in message
+    assert "raise TITAN_PLUGINS_MAX_HOST_BYTES" in message
+
+
+def test_a_refusal_under_the_default_limit_says_how_it_was_computed(monkeypatch):
+    monkeypatch.delenv("TITAN_PLUGINS_MAX_HOST_BYTES")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    message = host_memory.shortfall(1 << 60)
+    assert message.startswith("need 1048576 TiB (1,152,921,504,606,846,976 bytes) but only ")
+    assert "TITAN_PLUGINS_MAX_HOST_BYTES unset: 60% of RAM / 8 local ranks" in message
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (0, "0 bytes"),
+        (512, "512 bytes"),
+        (65536, "64 KiB (65,536 bytes)"),
+        (10328280, "9.85 MiB (10,328,280 bytes)"),
+        (1023 * 1024 + 1000, "1023.98 KiB (1,048,552 bytes)"),
+        (3 << 40, "3 TiB (3,298,534,883,328 bytes)"),
+    ],
+)
+def test_describe_bytes_is_readable_and_exact(value, text):
+    from titan_plugins.settings import describe_bytes
+
+    assert describe_bytes(value) == text

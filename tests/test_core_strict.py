@@ -73,4 +73,30 @@ def test_without_strict_one_warning_and_the_import_works(fake_megatron):
     done = run("import megatron.core", {"TITAN_FP8_BLOCKWISE": "nah"}, fake_megatron)
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("TITAN_FP8_BLOCKWISE='nah'") == 1
-    assert "ignored" in done.stderr
+    assert "(default 1 used)" in done.stderr  # what applies instead, not a vague "ignored"
+
+
+HUGE = "9" * 401  # parse_bytes turned it into inf, and int(inf) raised OverflowError
+
+
+def test_a_huge_byte_size_under_strict_stops_megatron_import_naming_the_knob(fake_megatron):
+    env = {"TITAN_PLUGINS_STRICT": "1", "TITAN_REWIND_MAX_HOST_BYTES": HUGE}
+    assert run("import torch", env, fake_megatron).returncode == 0
+    done = run("import megatron.core", env, fake_megatron)
+    assert done.returncode != 0
+    assert "SettingError: TITAN_REWIND_MAX_HOST_BYTES='99999" in done.stderr
+    assert "(401 characters): too large" in done.stderr and "OverflowError" not in done.stderr
+
+
+def test_a_huge_byte_size_without_strict_warns_once_and_every_plugin_loads(fake_megatron):
+    code = (
+        "import megatron.core\n"
+        "from titan_plugins import activation\n"
+        "state = activation.current()\n"
+        "print(state.state, sorted(r.state for r in state.manager.records.values()))"
+    )
+    done = run(code, {"TITAN_PLUGINS_MAX_HOST_BYTES": HUGE}, fake_megatron)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[0] == "active" and "disabled" not in done.stdout
+    assert done.stderr.count("TITAN_PLUGINS_MAX_HOST_BYTES='99999") == 1
+    assert "activation failed" not in done.stderr and "default auto" in done.stderr

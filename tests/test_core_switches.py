@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
@@ -164,3 +165,63 @@ def test_parse_bytes_units():
     assert parse_bytes("4G") == 4 << 30
     assert parse_bytes("1.5GiB") == 3 << 29
     assert parse_bytes("2kb") == 2048
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "disabled", "applied"),
+    [
+        (
+            "TITAN_PLUGINS_ONLY",
+            "act_offload,nosuch",
+            {"fp8_blockwise", "moe_ep_overlap"},
+            "applying TITAN_PLUGINS_ONLY=act_offload",
+        ),
+        ("TITAN_PLUGINS_ONLY", "nosuch", set(INSTALLED), "none is installed, so no plugin loads"),
+        ("TITAN_PLUGINS_ONLY", "*", set(INSTALLED), "none is installed, so no plugin loads"),
+        (
+            "TITAN_PLUGINS_DISABLE",
+            "moe_ep_overlap,nosuch",
+            {"moe_ep_overlap"},
+            "applying TITAN_PLUGINS_DISABLE=moe_ep_overlap",
+        ),
+        ("TITAN_PLUGINS_DISABLE", "nosuch", set(), "it disables no installed plugin"),
+    ],
+)
+def test_an_unknown_name_warning_says_what_was_applied(
+    monkeypatch, caplog, var, value, disabled, applied
+):
+    monkeypatch.setattr("titan_plugins.settings._WARNED", set())
+    monkeypatch.setenv(var, value)
+    unknown = "*" if value == "*" else "nosuch"
+    with caplog.at_level(logging.WARNING, logger="titan_plugins"):
+        assert set(disabled_reasons(INSTALLED)) == disabled  # the behaviour the message states
+    assert f"{var}={value!r}: {unknown} is not an installed plugin (installed: " in caplog.text
+    assert applied in caplog.text and "default" not in caplog.text, caplog.text
+    monkeypatch.setenv("TITAN_PLUGINS_STRICT", "1")
+    with pytest.raises(SettingError, match=re.escape(f"{unknown} is not an installed plugin")):
+        disabled_reasons(INSTALLED)
+
+
+def test_activation_with_an_unknown_only_name_loads_the_known_one_and_says_so(monkeypatch, caplog):
+    from importlib import metadata
+
+    from titan_plugins.activation import Activation
+    from titan_plugins.manager import ENABLED, ENTRY_POINT_GROUP
+
+    monkeypatch.setattr("titan_plugins.settings._WARNED", set())
+    monkeypatch.setenv("TITAN_PLUGINS_ONLY", "rewind,nosuch")
+    eps = list(metadata.entry_points(group=ENTRY_POINT_GROUP))
+    state = Activation("test", entry_points=eps)
+    with caplog.at_level(logging.WARNING, logger="titan_plugins"):
+        state.start()
+    try:
+        enabled = {n for n, r in state.manager.records.items() if r.state == ENABLED}
+        assert enabled == {"rewind"}
+        assert "nosuch is not an installed plugin" in caplog.text
+        assert "(applying TITAN_PLUGINS_ONLY=rewind)" in caplog.text
+        assert "the default applies" not in caplog.text
+    finally:
+        state.stop()
+    monkeypatch.setenv("TITAN_PLUGINS_STRICT", "1")
+    with pytest.raises(SettingError, match="TITAN_PLUGINS_ONLY='rewind,nosuch': nosuch is not"):
+        Activation("test", entry_points=eps).start()

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from titan_plugins.activation import register_patches
+from titan_plugins.hosts.megatron import SUPPORTED_MEGATRON
 from titan_plugins.manager import get_plugin_manager
-from titan_plugins.patching import SUPPORTED_MEGATRON, PatchEngine
+from titan_plugins.patching import PatchEngine
 from titan_plugins.settings import Setting
 from titan_plugins.testing import fake_entry_point
 

@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from titan_plugins.testing import cpu_harness, tiny_gpt
+from titan_plugins.hosts.megatron.testing import cpu_harness, tiny_gpt
 from titan_plugins.testing._post_import import when_imported
 
 pytestmark = pytest.mark.multiprocess
@@ -82,7 +82,7 @@ def harness_state() -> dict:
 
 
 def test_harness_never_activates_by_itself():
-    from titan_plugins.testing._cuda_stubs import DummyStream
+    from titan_plugins.hosts.megatron.testing._cuda_stubs import DummyStream
 
     # Imported by this file (and the plugin manager ran in conftest), but never installed here.
     assert not cpu_harness.installed()
@@ -173,6 +173,29 @@ def recompute_run(steps: int) -> list[float]:
         recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1
     )
     return tiny_gpt.train(tiny_gpt.build_model(cfg), cfg, steps)[0]
+
+
+def depth_after_depth_run(steps: int) -> tuple:
+    """In one worker: a 2-layer model, then a 4-layer one twice (fresh layout each time)."""
+    runs = {}
+    for name, layers in (("shallow", 2), ("deep_after_shallow", 4), ("deep_again", 4)):
+        tiny_gpt.init_parallel()
+        cfg = tiny_gpt.make_config(num_layers=layers)
+        runs[name] = tiny_gpt.train(tiny_gpt.build_model(cfg), cfg, steps)[0]
+    return runs
+
+
+def test_a_deeper_model_after_a_shallower_one_in_the_same_worker(gloo_pool1):
+    # Workers are shared by every task: megatron's MoE aux-loss tracker (a process global, sized
+    # by the first model's layer count) must be reset by init_parallel, or the 4-layer router's
+    # record of layer 3 raises IndexError (0.18+ keep it in moe_logging's own tracker object).
+    runs = gloo_pool1.run(depth_after_depth_run, 2)[0]
+    assert all(
+        len(losses) == 2 and all(math.isfinite(x) for x in losses) for losses in runs.values()
+    )
+    # The same 4-layer model on the same data: what ran before it in the worker changes nothing.
+    assert runs["deep_after_shallow"] == runs["deep_again"]
+    assert runs["deep_again"] != runs["shallow"]
 
 
 def test_full_recompute_runs_under_the_harness_bit_identical(gloo_pool1, reference):

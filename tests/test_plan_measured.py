@@ -68,7 +68,7 @@ def _gpt(cfg: object, spec: object, position: str) -> object:
     """megatron's GPTModel of the tiny vocabulary and sequence, untied embeddings."""
     from megatron.core.models.gpt.gpt_model import GPTModel
 
-    from titan_plugins.testing import tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
 
     return GPTModel(
         cfg,
@@ -91,7 +91,7 @@ def _measure(overrides: dict, position: str, ep: int) -> dict:
         clear_aux_losses_tracker,
     )
 
-    from titan_plugins.testing import tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
 
     tiny_gpt.init_parallel(ep=ep)
     overrides = dict(overrides)
@@ -193,7 +193,7 @@ def count_mla_params() -> int:
     from megatron.core.transformer import multi_latent_attention as mla_module
     from megatron.core.transformer.transformer_config import MLATransformerConfig
 
-    from titan_plugins.testing import tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
 
     class NoParamAttention(torch.nn.Module):
         def __init__(self, *args: object, **kwargs: object) -> None:
@@ -249,7 +249,7 @@ def measure_pipeline_peak(num_microbatches: int, vpp: int | None = None) -> floa
     """
     import torch
 
-    from titan_plugins.testing import tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
 
     tiny_gpt.init_parallel(pp=2, vpp=vpp)
     cfg = tiny_gpt.make_config(batch_p2p_comm=False) if vpp else tiny_gpt.make_config()

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from titan_plugins import hookimpl
-from titan_plugins.schedule import (
+from titan_plugins.hosts.megatron.schedule import (
     BACKWARD,
     COOLDOWN,
     FORWARD,
@@ -108,7 +108,7 @@ def record_order(
     from megatron.core import parallel_state as ps
 
     from titan_plugins import activation
-    from titan_plugins.testing import tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
 
     tiny_gpt.init_parallel(**parallel)
     cfg = tiny_gpt.make_config(**overrides)
@@ -166,7 +166,7 @@ def test_model_matches_megatron_interleaved_pp2_vpp2(gloo_pool2) -> None:
     layout = {"pp": 2, "vpp": 2}
     results = gloo_pool2.run(record_order, layout, [2, 4, 6], overrides, True, timeout=240)
     _check(results, INTERLEAVED, 2, 2)
-    # megatron 0.16.1's microbatch groups: 6 microbatches in groups of 3 (not PP) per chunk
+    # megatron's microbatch groups (0.16-0.19): 6 microbatches in groups of 3 (not PP) per chunk
     grouped = {**overrides, "microbatch_group_size_per_vp_stage": 3}
     results = gloo_pool2.run(record_order, layout, [6], grouped, timeout=240)
     _check(results, INTERLEAVED, 2, 2, group_size=3)

@@ -54,7 +54,7 @@ def worker_environment() -> dict:
     import torch
 
     import titan_plugins
-    from titan_plugins.testing import cpu_harness
+    from titan_plugins.hosts.megatron.testing import cpu_harness
 
     return {
         "plugins_activated": titan_plugins.active_manager() is not None,

@@ -22,8 +22,9 @@ from collections.abc import Iterator, Sequence
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from titan_plugins import autoload, settings, switches
+from titan_plugins import arming, settings, switches
 from titan_plugins._log import DEBUG_HINT, configure, logger
+from titan_plugins.hosts import HOSTS
 from titan_plugins.patching.engine import PatchEngine, PatchError
 from titan_plugins.patching.status import FAILED
 from titan_plugins.patching.watcher import PatchWatcher
@@ -61,7 +62,7 @@ class Activation:
         self.manager: TitanPluginManager | None = None
         self.engine: PatchEngine | None = None
         self.watcher: PatchWatcher | None = None
-        self.armed: autoload.Armed | None = None  # the automatic channel that started it
+        self.armed: arming.Armed | None = None  # the automatic channel that started it
         self.errors: list[str] = []  # plugins that failed to register
         self.problems: list[str] = []  # bad switch / knob values
         self.seconds = 0.0
@@ -114,9 +115,8 @@ class Activation:
                     watcher.remove()
                 raise
         self.manager, self.engine, self.watcher = pm, engine, watcher
-        from titan_plugins import train_step
-
-        train_step.reset()
+        for host in HOSTS.values():
+            host.reset()
         self.state = ACTIVE
         if self.armed is None:
             self.detail = f"activated via {self.channel}"
@@ -134,8 +134,8 @@ class Activation:
         self.problems.extend(problems)
         if problems and settings.strict():
             raise settings.SettingError("; ".join(problems) + settings.STRICT_SUFFIX)
-        for problem in problems:
-            settings.complain(problem, "ignored: the default applies")
+        for problem in problems:  # each says what applies instead (a Problem), or is ignored
+            settings.complain(problem, getattr(problem, "fallback", "ignored"))
 
     def stop(self) -> list[str]:
         """Undo every patch that is still ours and go back to idle.
@@ -214,6 +214,12 @@ def active_manager() -> TitanPluginManager | None:
     return state.manager if state is not None else None
 
 
+# Each host room finds the active manager through this module's ``active_manager`` (handed
+# over here, so no room imports activation back: the core's import graph has no cycle).
+for _host in HOSTS.values():
+    _host.bind(active_manager)
+
+
 @contextlib.contextmanager
 def use(state: Activation) -> Iterator[Activation]:
     """Make ``state`` the process's activation for the block (tests, embedded hosts)."""
@@ -227,7 +233,7 @@ def use(state: Activation) -> Iterator[Activation]:
 
 def autoload_state() -> dict[str, Any]:
     """Whether an automatic channel ran in this process, and what it did."""
-    armed = autoload.armed()
+    armed = arming.armed()
     if armed is None:
         return {"ran": False, "state": "not run in this process"}
     state = armed.state
@@ -236,7 +242,7 @@ def autoload_state() -> dict[str, Any]:
     return {"ran": True, "channel": armed.channel, "state": state}
 
 
-def start_armed(armed: autoload.Armed) -> None:
+def start_armed(armed: arming.Armed) -> None:
     """The automatic channel's trigger fired (first ``import megatron``): start activating.
 
     Errors of STRICT mode propagate (out of that import); anything else is logged, never raised.
@@ -265,7 +271,7 @@ def apply(only: list[str] | None = None, strict: bool | None = None) -> Activati
     global _CURRENT
     if _CURRENT is not None and _CURRENT.is_active:
         return _CURRENT
-    autoload.disarm("apply")
+    arming.disarm("apply")
     state = _CURRENT = Activation("apply", only=only, strict=strict)
     return state.start()
 
@@ -276,7 +282,7 @@ def undo() -> list[str]:
     :return: targets left alone because something else rebound them after us.
     """
     global _CURRENT
-    autoload.disarm("undo")
+    arming.disarm("undo")
     if _CURRENT is None:
         return []
     left = _CURRENT.stop()

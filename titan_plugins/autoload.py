@@ -20,20 +20,12 @@ from collections.abc import Callable
 from importlib.machinery import ModuleSpec
 from typing import Any
 
+from titan_plugins import arming
+from titan_plugins.arming import Armed, armed, disarm
+from titan_plugins.finders import find_elsewhere
+
 TRIGGER_PREFIXES = ("megatron",)
 _OFF = ("0", "false", "no", "off")
-
-
-def find_elsewhere(me: object, fullname: str, path: Any, target: Any) -> ModuleSpec | None:
-    """The spec the other finders on ``sys.meta_path`` give for ``fullname`` (``me`` skipped)."""
-    for finder in sys.meta_path:
-        if finder is me:
-            continue
-        find = getattr(finder, "find_spec", None)
-        spec = find(fullname, path, target) if find is not None else None
-        if spec is not None:
-            return spec
-    return None
 
 
 class ImportTrigger(importlib.abc.MetaPathFinder):
@@ -136,26 +128,6 @@ class _FiringLoader(importlib.abc.Loader):
         return getattr(self._loader, name)
 
 
-class Armed:
-    """What an automatic channel did in this process before activation took over."""
-
-    def __init__(self, channel: str) -> None:
-        self.channel = channel
-        self.trigger: ImportTrigger | None = None
-        self.late = False  # armed while megatron was already importing
-        self.state = "not run in this process"
-        self.fired = False
-        self.fire_seconds = 0.0  # activation at the trigger, its own imports included
-
-
-_ARMED: Armed | None = None
-
-
-def armed() -> Armed | None:
-    """The automatic channel's record in this process, if one ran."""
-    return _ARMED
-
-
 def _off(var: str) -> bool:
     return (os.environ.get(var) or "").strip().lower() in _OFF
 
@@ -167,11 +139,11 @@ def arm(channel: str, prefixes: tuple[str, ...] | None = None) -> None:
     If megatron is already importing (``import megatron.core`` imported torch, whose entry
     point got us here), the trigger fires at megatron's next module.
     """
-    global _ARMED
     try:
-        if _ARMED is not None and (_ARMED.fired or (_ARMED.trigger and _ARMED.trigger.armed)):
+        known = arming.armed()
+        if known is not None and (known.fired or (known.trigger and known.trigger.armed)):
             return
-        record = _ARMED = Armed(channel)
+        record = arming.record(Armed(channel))
         if _off("TITAN_PLUGINS"):
             record.state = "off: TITAN_PLUGINS=0"
             return
@@ -188,25 +160,23 @@ def arm(channel: str, prefixes: tuple[str, ...] | None = None) -> None:
             else "armed: plugins load when megatron is first imported"
         )
     except Exception as err:  # never let import torch fail because of us
-        if _ARMED is not None:
-            _ARMED.state = f"failed: {type(err).__name__}: {err}"
+        known = arming.armed()
+        if known is not None:
+            known.state = f"failed: {type(err).__name__}: {err}"
         print(f"[titan_plugins] WARNING autoload failed: {err}", file=sys.stderr)
 
 
-def disarm(taken_over_by: str) -> None:
-    """An explicit activation took over: the trigger must not fire any more."""
-    if _ARMED is not None and _ARMED.trigger is not None and _ARMED.trigger.armed:
-        _ARMED.trigger.disarm()
-        _ARMED.state = f"armed, then taken over by {taken_over_by}"
-
-
 def _fire() -> None:
-    assert _ARMED is not None
-    _ARMED.fired = True
+    record = arming.armed()
+    assert record is not None
+    record.fired = True
     started = time.perf_counter()
     try:
         from titan_plugins import activation
 
-        activation.start_armed(_ARMED)
+        activation.start_armed(record)
     finally:
-        _ARMED.fire_seconds = time.perf_counter() - started
+        record.fire_seconds = time.perf_counter() - started
+
+
+__all__ = ["Armed", "ImportTrigger", "arm", "armed", "disarm"]

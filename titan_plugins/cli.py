@@ -130,33 +130,59 @@ def _doctor(as_json: bool, import_targets: bool) -> int:
     return 1 if worst == FAIL or _strict_exit(state) else 0
 
 
-def _env() -> int:
+def _declared(state: activation.Activation) -> list[tuple[str, settings.Setting]]:
+    """(owner, Setting) for every switch and knob the core and the installed plugins declare,
+    plugins switched on or off: a knob is never "a typo" because its plugin is off or because
+    the activation failed (it used to be, when the knobs came from the activation's manager)."""
+    from titan_plugins import manager
     from titan_plugins.switches import CORE_SETTINGS, plugin_switch
 
-    state = _activate(import_targets=False)
-    rows: list[tuple[str, Any]] = [("titan-core", s) for s in CORE_SETTINGS]
-    if state.manager is not None:
-        for name in state.manager.records:
+    records = state.manager.records if state.manager is not None else {}
+    off = {name for name, record in records.items() if record.state == manager.DISABLED}
+    managers = [state.manager] if state.manager is not None else []
+    try:  # the switched-off plugins (all of them without a manager), loaded only to ask
+        rest = [ep for ep in manager.discover() if ep.name in off or not managers]
+        if rest:
+            managers.append(manager.get_plugin_manager(entry_points=rest, switches=False))
+    except Exception as err:  # the listing goes on with what is known
+        print(f"error: the switched-off plugins could not be listed: {err!r}", file=sys.stderr)
+    rows: list[tuple[str, settings.Setting]] = [("titan-core", s) for s in CORE_SETTINGS]
+    for pm in managers:
+        for name in pm.records:
             if "@" not in name:  # refused duplicates have no switch of their own
                 rows.append((name, plugin_switch(name)))
-        for impl in state.manager.hook.titan_settings.get_hookimpls():
-            if impl.plugin_name == "titan-core":
+        for impl in pm.hook.titan_settings.get_hookimpls():
+            if impl.plugin_name == manager.BUILTIN:
                 continue  # listed above, also when nothing is active
             try:
-                rows.extend((impl.plugin_name, s) for s in impl.function() or [])
+                declared = list(impl.function() or [])
             except Exception as err:
                 print(f"{impl.plugin_name}: titan_settings raised {err}", file=sys.stderr)
-    known = {s.name for _, s in rows}
+                continue
+            rows.extend((impl.plugin_name, s) for s in declared if isinstance(s, settings.Setting))
+    first: dict[str, tuple[str, settings.Setting]] = {}
+    for owner, setting in rows:
+        first.setdefault(setting.name, (owner, setting))
+    return list(first.values())
+
+
+def _env() -> int:
+    state = _activate(import_targets=False)
+    rows = _declared(state)
+    records = getattr(state.manager, "records", {})
     for plugin, setting in rows:
         current = os.environ.get(setting.name)
-        shown = "(unset)" if current is None else repr(current)
+        shown = "(unset)" if current is None else settings.shown_value(current)
+        record = records.get(plugin)
+        owner = f"{plugin}; {record.state}: {record.reason}" if record and record.reason else plugin
         print(
             f"{setting.name}={shown}  default {setting.shown_default()}  "
-            f"[{setting.accepted()}]  ({plugin})\n    {setting.doc}"
+            f"[{setting.accepted()}]  ({owner})\n    {setting.doc}"
         )
-        problem = setting.problem()
+        problem = settings.problems([setting])
         if problem:
-            print(f"    error: {problem}")
+            print(f"    error: {problem[0]}")
+    known = {s.name for _, s in rows}
     for var in sorted(v for v in os.environ if v.startswith("TITAN_") and v not in known):
         print(f"warning: {var} is set but no installed plugin declares it (typo?)")
     return _strict_exit(state)

@@ -7,7 +7,10 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from typing import Any
 
+from titan_plugins.hosts import HOSTS
 from titan_plugins.patching import gates, origin
+
+MEGATRON = HOSTS["megatron"]
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 
@@ -76,8 +79,8 @@ def check_megatron(found: origin.Origin | None = None) -> Check:
     Read from the code (``megatron.core.package_info`` of the package found on the import
     path), as the version gates do; megatron is not imported for it.
     """
-    found = found or origin.describe()
-    spec = gates.SUPPORTED_MEGATRON
+    found = found or origin.describe(MEGATRON.PACKAGE, MEGATRON.DISTRIBUTION)
+    spec = MEGATRON.SUPPORTED
     if found.kind == origin.ABSENT:
         return Check(
             "megatron-core",
@@ -114,7 +117,7 @@ def check_megatron(found: origin.Origin | None = None) -> Check:
 def check_megatron_shadowing(found: origin.Origin | None = None) -> Check | None:
     """An installed megatron-core that is not the code being imported (a checkout on
     ``PYTHONPATH`` in front of a wheel): tools that read metadata see the wrong version."""
-    found = found or origin.describe()
+    found = found or origin.describe(MEGATRON.PACKAGE, MEGATRON.DISTRIBUTION)
     if not found.shadowed:
         return None
     return Check(
@@ -143,7 +146,7 @@ def check_platform() -> Check:
 
 def core_checks(autoload_state: dict[str, Any]) -> list[Check]:
     """All core checks, in display order."""
-    found = origin.describe()
+    found = origin.describe(MEGATRON.PACKAGE, MEGATRON.DISTRIBUTION)
     checks = [check_torch(), check_autoload(autoload_state), check_megatron(found)]
     shadowing = check_megatron_shadowing(found)
     return [*checks, *([shadowing] if shadowing else []), check_platform()]

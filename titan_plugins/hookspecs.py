@@ -18,10 +18,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from titan_plugins.doctor import Check
+    from titan_plugins.hosts.megatron.train_step import Microbatch, OptimizerStep, TrainStep
     from titan_plugins.patching import Patch
     from titan_plugins.plan.effects import MemoryEffect, MemoryLayout
     from titan_plugins.settings import Setting
-    from titan_plugins.train_step import Microbatch, OptimizerStep, TrainStep
 
 PROJECT = "titan"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -108,9 +108,9 @@ def titan_train_step(step: TrainStep) -> Any:
     interleaving`` / ``_pipelining_with_interleaving`` (Megatron-LM's ``train_step``, slime,
     miles and plain megatron.core loops all call these), in every rank.
 
-    :param step: a :class:`titan_plugins.train_step.TrainStep`: ``schedule``, ``index``,
-        ``forward_only``, ``model``, ``num_microbatches``, the call's ``args`` / ``kwargs``, and
-        ``state`` (scratch per plugin).
+    :param step: a :class:`titan_plugins.hosts.megatron.train_step.TrainStep`: ``schedule``,
+        ``index``, ``forward_only``, ``model``, ``num_microbatches``, the call's ``args`` /
+        ``kwargs``, and ``state`` (scratch per plugin).
     :return: the schedule's result (per-microbatch loss dicts on the last pipeline stage, ``[]``
         elsewhere): a wrapper returns what ``yield`` gave it.
     """
@@ -122,8 +122,8 @@ def titan_forward_microbatch(call: Microbatch) -> Any:
 
     Firstresult: the core's implementation, the only non-wrapper one, runs Megatron's function.
 
-    :param call: a :class:`titan_plugins.train_step.Microbatch` (``model``, ``input_tensor``,
-        ``vp_stage``, ``step``: the running TrainStep).
+    :param call: a :class:`titan_plugins.hosts.megatron.train_step.Microbatch` (``model``,
+        ``input_tensor``, ``vp_stage``, ``step``: the running TrainStep).
     :return: forward_step's result (output tensor, number of tokens).
     """
 
@@ -134,7 +134,8 @@ def titan_backward_microbatch(call: Microbatch) -> Any:
 
     Firstresult: the core's implementation, the only non-wrapper one, runs Megatron's function.
 
-    :param call: a :class:`titan_plugins.train_step.Microbatch` (``output_tensor``, ``step``).
+    :param call: a :class:`titan_plugins.hosts.megatron.train_step.Microbatch` (``output_tensor``,
+        ``step``).
     :return: backward_step's result (the gradient for the previous stage, or None).
     """
 
@@ -148,8 +149,9 @@ def titan_optimizer_step(step: OptimizerStep) -> Any:
 
     Fires once per loop call (nested steps inside a chained optimizer do not fire).
 
-    :param step: a :class:`titan_plugins.train_step.OptimizerStep` (``optimizer``; ``step``: the
-        last training TrainStep of this process, whose ``result`` holds the losses).
+    :param step: a :class:`titan_plugins.hosts.megatron.train_step.OptimizerStep` (``optimizer``;
+        ``step``: the last training TrainStep of this process, whose ``result`` holds the
+        losses).
     :return: the optimizer's ``(update_successful, grad_norm, num_zeros_in_grad)``.
     """
 

@@ -5,8 +5,9 @@ the next one will too. Each has its own budget knob, but they share one machine:
 that are each reasonable can together exhaust it (8 ranks per node, each with a pool and two
 snapshots). The contract: a plugin reserves host bytes here before it allocates them, releases
 them when it frees them, and takes a refusal as "keep the data on the device" / "no snapshot",
-with its own clear warning. ``TITAN_PLUGINS_MAX_HOST_BYTES`` caps the sum; the default is 60%
-of physical memory divided by the local ranks.
+with its own clear warning, which :func:`shortfall` words (sizes readable and exact, the knob
+that raises the limit, who holds the rest). ``TITAN_PLUGINS_MAX_HOST_BYTES`` caps the sum; the
+default is 60% of physical memory divided by the local ranks.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import threading
 import weakref
 
-from titan_plugins.settings import BYTES, Setting
+from titan_plugins.settings import BYTES, Setting, describe_bytes, format_bytes
 
 SHARE_OF_RAM = 0.6
 
@@ -55,6 +56,41 @@ def limit() -> int:
     if explicit:
         return int(explicit)
     return int((physical_memory() or 64 << 30) * SHARE_OF_RAM) // local_ranks()
+
+
+def limit_text() -> str:
+    """The shared limit as a message names it: the knob and its value, or how the default was
+    computed (``TITAN_PLUGINS_MAX_HOST_BYTES unset: 60% of RAM / 8 local ranks = 9.6 GiB ...``)."""
+    explicit = MAX_HOST_BYTES.read()
+    if explicit:
+        return f"{MAX_HOST_BYTES.name}={format_bytes(explicit)}"
+    ranks = local_ranks()
+    return (
+        f"the shared limit ({MAX_HOST_BYTES.name} unset: {SHARE_OF_RAM:.0%} of RAM / {ranks} "
+        f"local rank{'s' if ranks != 1 else ''} = {describe_bytes(limit())})"
+    )
+
+
+def held_text() -> str:
+    """Who holds what, readable and exact: ``act_offload 48 KiB (49,152 bytes), rewind ...``."""
+    held = {k: v for k, v in usage().items() if k not in ("total", "limit")}
+    return ", ".join(f"{owner} {describe_bytes(n)}" for owner, n in sorted(held.items())) or "none"
+
+
+def shortfall(nbytes: int) -> str:
+    """Why reserving ``nbytes`` more is refused, for the refused plugin's warning: the sizes
+    once each, readable and exact, the knob that raises the limit, and who holds the rest.
+
+    ``need 9.85 MiB (10,328,280 bytes) but only 16 KiB (16,384 bytes) of
+    TITAN_PLUGINS_MAX_HOST_BYTES=64K remain (held: act_offload 48 KiB (49,152 bytes)); raise
+    TITAN_PLUGINS_MAX_HOST_BYTES or lower another holder's share``
+    """
+    left = max(0, limit() - usage()["total"])
+    return (
+        f"need {describe_bytes(nbytes)} but only {describe_bytes(left)} of {limit_text()} "
+        f"remain (held: {held_text()}); raise {MAX_HOST_BYTES.name} or lower another holder's "
+        "share"
+    )
 
 
 def reserve(owner: str, nbytes: int) -> bool:

@@ -21,10 +21,10 @@ import pluggy
 
 from titan_plugins import hookspecs
 from titan_plugins._log import logger
+from titan_plugins.hosts import HOSTS
 from titan_plugins.patching import origin
 from titan_plugins.patching.status import FAILED
 from titan_plugins.switches import PICK, disabled_reasons, name_problem
-from titan_plugins.train_step import WRAPPER_HOOKS
 
 ENTRY_POINT_GROUP = "titan_plugins"
 # A plugin's load state: enabled, disabled by a switch, or failed (the one FAILED of the core).
@@ -39,6 +39,8 @@ FIRST_PARTY = {
     "trace_analysis": "titan-trace-analysis",
     "rewind": "titan-rewind",
 }
+# Hooks that only wrappers may implement (each host room runs the original function).
+WRAPPER_HOOKS = tuple(hook for host in HOSTS.values() for hook in host.WRAPPER_HOOKS)
 SLOW_IMPORT_S = 5.0  # the watchdog names a plugin whose import runs longer than this
 
 

@@ -5,9 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from titan_plugins import activation, host_memory
+from titan_plugins.hosts import HOSTS
+from titan_plugins.jsonable import jsonable
 from titan_plugins.manager import BUILTIN, ENABLED
-from titan_plugins.patching import FAILED, SKIPPED, origin
+from titan_plugins.patching import FAILED, OTHER_LINE, SKIPPED, origin
 from titan_plugins.version import __version__
+
+MEGATRON = HOSTS["megatron"]
 
 
 def collect(state: activation.Activation | None = None) -> dict[str, Any]:
@@ -48,7 +52,7 @@ def _mark_inactive(entry: dict[str, Any]) -> None:
     patches = entry["patches"]
     if entry["state"] != ENABLED or not patches:
         return
-    if all(p["status"] in (SKIPPED, FAILED) for p in patches):
+    if all(p["status"] in (SKIPPED, FAILED, OTHER_LINE) for p in patches):
         entry["state"] = "inactive"
         entry["reason"] = f"no patch applies: {patches[0]['detail']}"
 
@@ -57,19 +61,20 @@ def megatron_origin() -> dict[str, Any]:
     """Path, version (``megatron.core.package_info``), kind and shadowed copies of the
     ``megatron.core`` this process imports (or would import), plus a one-line summary."""
     try:
-        found = origin.describe()
+        found = origin.describe(MEGATRON.PACKAGE, MEGATRON.DISTRIBUTION)
     except Exception as err:  # a report must never fail because of an odd environment
         return {"summary": f"megatron.core: origin unknown ({type(err).__name__}: {err})"}
     return {**found.as_dict(), "summary": found.summary()}
 
 
 def _own_dict(plugin: Any, hook: str) -> dict[str, Any]:
-    """One plugin's answer to a dict-returning hook; a raising plugin yields its error."""
+    """One plugin's answer to a dict-returning hook, as strict-JSON values (a plugin's tuple keys
+    or NaNs must not break the report's JSON); a raising plugin yields its error."""
     function = getattr(plugin, hook, None)
     if function is None:
         return {}
     try:
-        return dict(function() or {})
+        return jsonable(dict(function() or {}))
     except Exception as err:
         return {"error": f"{hook} raised {type(err).__name__}: {err}"}
 

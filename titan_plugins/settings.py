@@ -4,8 +4,9 @@ A plugin lists its knobs as :class:`Setting` records in its ``settings.py`` (``S
 returns them from ``titan_settings``; the code reads a knob only through :meth:`Setting.read`,
 so the default, the type, the accepted values and the documentation live in one place. The
 environment is read at call time (a process that imported us during ``import torch`` is not
-always the one that decides). A malformed value warns with the variable, the value and what is
-accepted, and the default is used; under ``TITAN_PLUGINS_STRICT=1`` it raises
+always the one that decides). A malformed value (anything the reader cannot turn into a finite
+value of its type: overflow, ``nan``, a 401-digit size, or a ``validate`` that raises) warns with
+the variable, the value (shortened when long) and what is accepted, and the default is used; under ``TITAN_PLUGINS_STRICT=1`` it raises
 :class:`SettingError`. The core checks every enabled plugin's settings at activation
 (:func:`problems`), so a bad value is reported before the first step, not at first use.
 """
@@ -15,16 +16,22 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import re
 import string
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from titan_plugins._log import logger
 
+# re-exported: plugins and the core import these from here
+from titan_plugins.values import INT64_MAX as INT64_MAX
+from titan_plugins.values import describe_bytes as describe_bytes
+from titan_plugins.values import format_bytes as format_bytes
+from titan_plugins.values import parse_bytes as parse_bytes
+from titan_plugins.values import parse_int, shorten
+from titan_plugins.values import shown_value as shown_value
+
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-_BYTE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 _UPPER_SNAKE = frozenset(string.ascii_uppercase + string.digits + "_")
@@ -37,6 +44,19 @@ def _is_upper_snake(name: str) -> bool:
 
 class SettingError(ValueError):
     """A TITAN_* variable has a value the core or a plugin cannot accept (STRICT mode)."""
+
+
+class Problem(str):
+    """A problem message that also says what applies instead of the bad value (``fallback``),
+    for problems where that is not simply "the default" (e.g. an allowlist with an unknown name,
+    whose known names still apply)."""
+
+    fallback: str
+
+    def __new__(cls, message: str, fallback: str = "") -> Problem:  # "": pickle's call
+        made = super().__new__(cls, message)
+        made.fallback = fallback
+        return made
 
 
 class ByteSize(int):
@@ -105,17 +125,6 @@ def complain(message: str, fallback: str = "") -> None:
         return
     _WARNED.add(message)
     logger.warning("%s (%s)", message, fallback) if fallback else logger.warning(message)
-
-
-def parse_bytes(text: str) -> int:
-    """Parse ``4096``, ``512K``, ``512M``, ``4G``, ``1.5GiB`` or ``2GB`` (binary units) to bytes."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(?:I?B)?\s*", text, re.IGNORECASE)
-    if not match:
-        raise ValueError(f"{text!r} is not a byte size such as 4096, 512M or 4G")
-    number = float(match.group(1)) * _BYTE_UNITS[match.group(2).upper()]
-    if number != int(number):
-        raise ValueError(f"{text!r} is not a whole number of bytes")
-    return int(number)
 
 
 def _format_number(value: float) -> str:
@@ -211,14 +220,11 @@ class Setting:
                 raise ValueError("not a switch value")
             value = text.lower() in _TRUE
         elif self.type is int:
-            try:
-                value = int(text)
-            except ValueError:
-                raise ValueError("not an integer") from None
+            value = parse_int(text)
         elif self.type is float:
             try:
                 value = float(text)
-            except ValueError:
+            except (ValueError, OverflowError):
                 raise ValueError("not a number") from None
             if not math.isfinite(value):
                 raise ValueError("not a finite number")
@@ -241,7 +247,7 @@ class Setting:
         for choice in self.choices or ():
             if text.lower() == choice.lower():
                 return choice
-        raise ValueError(f"{text!r} is not one of {', '.join(self.choices or ())}")
+        raise ValueError(f"{shown_value(text)} is not one of {', '.join(self.choices or ())}")
 
     def _check_range(self, value: Any) -> None:
         if self.type not in (int, float, ByteSize):
@@ -258,26 +264,30 @@ class Setting:
 
     def problem(self) -> str | None:
         """The message for a bad current value, or None when unset, empty or valid."""
-        text = _raw(self.name)
-        if not text:
-            return None
-        try:
-            self.parse(text)
-        except ValueError as err:
-            return f"{self.name}={text!r}: {err}; accepted: {self.accepted()}"
-        return None
+        return self._evaluate()[1]
 
     def read(self) -> Any:
         """The typed value; the default when unset, empty or malformed (see :func:`complain`)."""
+        value, message = self._evaluate()
+        if message is not None:
+            complain(message, message.fallback)
+        return value
+
+    def _evaluate(self) -> tuple[Any, Problem | None]:
+        """(value, None) for a good or absent value, (default, message) for a bad one. Any
+        exception of the conversion or of a plugin's ``validate`` is this knob's problem: it
+        must never escape into the activation, where it would turn every plugin off."""
         text = _raw(self.name)
         if not text:
-            return self.default
+            return self.default, None
         try:
-            return self.parse(text)
-        except ValueError:
-            message = self.problem() or f"{self.name}={text!r} is not accepted"
-            complain(message, f"default {self.shown_default()} used")
-            return self.default
+            return self.parse(text), None
+        except ValueError as err:
+            reason = str(err)
+        except Exception as err:
+            reason = f"its check raised {type(err).__name__}: {err}"
+        message = f"{self.name}={shown_value(text)}: {shorten(reason)}; accepted: {self.accepted()}"
+        return self.default, Problem(message, f"default {self.shown_default()} used")
 
     def shown_default(self) -> str:
         """The default as a user would write it."""
@@ -294,15 +304,18 @@ class Setting:
         return str(self.default) if self.default != "" else "(empty)"
 
 
-def format_bytes(value: int) -> str:
-    """``65536`` -> ``64K``: the shortest exact binary-unit spelling."""
-    for unit in ("T", "G", "M", "K"):
-        size = _BYTE_UNITS[unit]
-        if value and value % size == 0:
-            return f"{value // size}{unit}"
-    return str(value)
-
-
 def problems(settings: Iterable[Setting]) -> list[str]:
-    """Messages for every bad current value among ``settings`` (activation and doctor)."""
-    return [message for setting in settings if (message := setting.problem())]
+    """Messages for every bad current value among ``settings`` (activation and doctor); one
+    knob that cannot even be checked is its own message, never an exception."""
+    found = []
+    for setting in settings:
+        if not isinstance(setting, Setting):
+            found.append(f"{setting!r} is declared as a knob but is not a titan_plugins Setting")
+            continue
+        try:
+            message = setting.problem()
+        except Exception as err:  # e.g. accepted() of an odd declaration
+            message = f"{setting.name}: checking its value raised {type(err).__name__}: {err}"
+        if message:
+            found.append(message)
+    return found

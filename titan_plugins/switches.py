@@ -3,7 +3,8 @@
 A plugin is enabled when every switch allows it: the master switch ``TITAN_PLUGINS``, the
 allowlist ``TITAN_PLUGINS_ONLY``, the denylist ``TITAN_PLUGINS_DISABLE`` and its own
 ``TITAN_<NAME>``. Keys are entry-point names. Names that match no installed plugin are reported
-with the list of installed ones (an error under ``TITAN_PLUGINS_STRICT=1``).
+with the list of installed ones and what is applied instead (the list's known names), an error
+under ``TITAN_PLUGINS_STRICT=1``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import string
 from collections.abc import Iterable
 
 from titan_plugins.host_memory import MAX_HOST_BYTES
-from titan_plugins.settings import Setting, complain
+from titan_plugins.settings import Problem, Setting, complain, shown_value
 
 MASTER = Setting(
     "TITAN_PLUGINS", bool, True, "Master switch: 0 loads no plugin and applies no patch."
@@ -121,18 +122,33 @@ def autoload_enabled() -> bool:
     return AUTOLOAD.read()
 
 
-def name_problems(installed: Iterable[str]) -> list[str]:
-    """``TITAN_PLUGINS_ONLY`` / ``_DISABLE`` entries that name no installed plugin."""
+def name_problems(installed: Iterable[str]) -> list[Problem]:
+    """``TITAN_PLUGINS_ONLY`` / ``_DISABLE`` entries that name no installed plugin, each saying
+    what applies instead: the known names of the list (an allowlist of unknown names only
+    loads nothing, as an allowlist should; ``*`` means all only in the denylist)."""
     names = set(installed)
     found = []
     for setting in (ONLY, DISABLE):
-        unknown = sorted(n for n in setting.read() if n != "*" and n not in names)
-        if unknown:
-            known = ", ".join(sorted(names)) or "none"
-            found.append(
-                f"{setting.name} names {', '.join(unknown)}, not an installed plugin "
-                f"(installed: {known})"
+        items = setting.read()
+        wildcard = ("*",) if setting is DISABLE else ()
+        unknown = [n for n in items if n not in names and n not in wildcard]
+        if not unknown:
+            continue
+        kept = [n for n in items if n not in unknown]
+        if kept:
+            applied = f"applying {setting.name}={','.join(kept)}"
+        elif setting is ONLY:
+            applied = "none is installed, so no plugin loads"
+        else:
+            applied = "it disables no installed plugin"
+        what = "is not an installed plugin" if len(unknown) == 1 else "are not installed plugins"
+        found.append(
+            Problem(
+                f"{setting.name}={shown_value(','.join(items))}: {', '.join(unknown)} {what} "
+                f"(installed: {', '.join(sorted(names)) or 'none'})",
+                applied,
             )
+        )
     return found
 
 
@@ -157,7 +173,7 @@ def disabled_reasons(
     deny = DISABLE.read()
     for problem in name_problems(names):
         if problems is None:
-            complain(problem, "ignored")
+            complain(problem, problem.fallback)
         else:
             problems.append(problem)
     reasons: dict[str, str] = {}

@@ -9,13 +9,17 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+import titan_plugins.patching.gates as gates
+import titan_plugins.patching.signature as signature
+import titan_plugins.patching.targets as targets
 from titan_plugins._log import logger
-from titan_plugins.patching import gates, signature, targets
+from titan_plugins.hosts import HOSTS
 from titan_plugins.patching.record import MISSING, Patch
-from titan_plugins.patching.status import APPLIED, FAILED, PENDING, SKIPPED
+from titan_plugins.patching.status import APPLIED, FAILED, OTHER_LINE, PENDING, SKIPPED
 from titan_plugins.settings import strict
 
-ALIAS_PREFIXES = ("megatron.",)
+# Where copies of a patched target may live: the packages of every host (``megatron.``).
+ALIAS_PREFIXES = tuple(f"{p}." for host in HOSTS.values() for p in host.TRIGGER_PREFIXES)
 
 
 class PatchError(RuntimeError):
@@ -120,7 +124,11 @@ class PatchEngine:
                 reason = f"import {name} failed: {type(err).__name__}: {err}"
                 for patch in self._ids.values():
                     if patch.module == name and patch.status == PENDING:
-                        patch.set_status(SKIPPED if patch.optional else FAILED, reason)
+                        elsewhere = gates.other_line(patch.requires)
+                        if elsewhere is not None:  # a module of another line
+                            patch.set_status(OTHER_LINE, elsewhere)
+                        else:
+                            patch.set_status(SKIPPED if patch.optional else FAILED, reason)
 
     # ---------------------------------------------------------------- application
     def apply_module_if_ready(self, name: str) -> None:
@@ -162,7 +170,7 @@ class PatchEngine:
             if fresh:  # new code: judge every patch again (a reload may bring other code)
                 target.patched_module, target.aliases = None, []
                 for patch in target.patches:
-                    if patch.status == SKIPPED:
+                    if patch.status in (SKIPPED, OTHER_LINE):
                         patch.set_status(PENDING)
             self._apply_target(target, module, fresh)
 
@@ -219,6 +227,11 @@ class PatchEngine:
         """
         kept: list[Patch] = []
         for patch in patches:
+            elsewhere = gates.other_line(patch.requires)
+            if elsewhere is not None:  # by design: not a skip, not a STRICT problem
+                patch.set_status(OTHER_LINE, elsewhere)
+                logger.debug("patch %s not applied: %s", patch.id, elsewhere)
+                continue
             reason = skip_reason(patch, module)
             if reason is None:
                 kept.append(patch)
@@ -246,7 +259,10 @@ class PatchEngine:
 
     def _missing(self, patches: list[Patch], reason: str) -> None:
         for patch in patches:
-            if patch.optional:
+            elsewhere = gates.other_line(patch.requires)
+            if elsewhere is not None:  # a variant for another line: its target may not exist here
+                patch.set_status(OTHER_LINE, elsewhere)
+            elif patch.optional:
                 patch.set_status(SKIPPED, f"target absent: {reason}")
             else:
                 patch.set_status(FAILED, f"target absent: {reason}")

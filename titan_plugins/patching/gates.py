@@ -26,12 +26,10 @@ import sys
 from importlib import metadata
 from typing import Any, NamedTuple
 
-from titan_plugins.patching import origin
+import titan_plugins.patching.origin as origin
+from titan_plugins.hosts import HOSTS
 
-SUPPORTED_MEGATRON = "megatron-core>=0.16,<0.17"
-"""The Megatron line the plugins are built and tested against: every plugin's ``requires=``."""
-
-VERSION_MODULES: dict[str, str] = {origin.MEGATRON_CORE_DISTRIBUTION: origin.MEGATRON_CORE}
+VERSION_MODULES: dict[str, str] = {host.DISTRIBUTION: host.PACKAGE for host in HOSTS.values()}
 """Distribution -> import package whose ``package_info`` holds the version of the code."""
 
 _SPEC = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*(.*)$")
@@ -192,6 +190,29 @@ def judge_all(requirements: tuple[str, ...]) -> Verdict:
             return verdict
         provisional = provisional or verdict.provisional
     return Verdict(provisional=provisional)
+
+
+def other_line(requirements: tuple[str, ...]) -> str | None:
+    """When a patch's gates fail only because it was written for another *supported* line of
+    its host (a variant: the imported line has its own record), say so; else None.
+
+    Only a host's line gates count (``LINE_GATES``: Megatron's ``megatron_lines``), and only
+    while the imported code is inside that host's ``SUPPORTED`` range: any other failing gate
+    is a real skip.
+    """
+    failing = [r for r in requirements if judge(r).reason]
+    if not failing:
+        return None
+    for host in HOSTS.values():
+        if any(r not in host.LINE_GATES for r in failing):
+            continue
+        if judge(host.SUPPORTED).reason:
+            return None
+        version, _ = resolve_version(host.DISTRIBUTION)
+        matches = [_SPEC.match(r) for r in failing]
+        spans = "; ".join(m.group(2).strip() for m in matches if m is not None)
+        return f"written for {host.DISTRIBUTION} {spans}; this is {version}"
+    return None
 
 
 def check(requirement: str) -> str | None:

@@ -24,9 +24,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, NamedTuple
 
-MEGATRON_CORE = "megatron.core"
-MEGATRON_CORE_DISTRIBUTION = "megatron-core"
-
 DISTRIBUTION, EDITABLE, CHECKOUT, BUNDLED, ABSENT = (
     "distribution",
     "editable",
@@ -179,11 +176,10 @@ def _label(dist: metadata.Distribution) -> str:
     return f"{dist.metadata['Name']} {dist.version}"
 
 
-def describe(
-    package: str = MEGATRON_CORE, distribution: str = MEGATRON_CORE_DISTRIBUTION
-) -> Origin:
+def describe(package: str, distribution: str) -> Origin:
     """Where ``package`` comes from: path, version (from its code), kind, shadowed copies.
 
+    :param package: e.g. a host's ``PACKAGE`` (``megatron.core``).
     :param distribution: the distribution that normally ships ``package``; files owned by any
         other distribution are ``bundled``.
     """

@@ -41,7 +41,7 @@ class Patch:
         *used* (many megatron modules copy names with ``from x import f``).
     :param replace: factory ``replace(original) -> replacement``, called once per application with
         the current value (``MISSING`` for an absent attribute when ``create=True``).
-    :param requires: version gates, e.g. ``SUPPORTED_MEGATRON`` (``"megatron-core>=0.16,<0.17"``);
+    :param requires: version gates, e.g. ``SUPPORTED_MEGATRON`` (``"megatron-core>=0.16,<0.20"``, every supported line) or ``megatron_lines("0.18")`` for a variant;
         judged when the target module has executed, against the version of the imported code
         (``megatron.core.package_info``), never by importing (see :mod:`.gates`).
     :param signature: what the replacement relies on in the target (:class:`.Signature`, or

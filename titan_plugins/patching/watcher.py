@@ -1,6 +1,7 @@
 """The one post-import mechanism: ``sys.meta_path`` finders that act right after a module body
 executes (the one-shot trigger of lazy activation, which must stay standard-library only, is
-:class:`titan_plugins.autoload.ImportTrigger` and shares :func:`find_elsewhere`).
+:class:`titan_plugins.autoload.ImportTrigger` and shares
+:func:`titan_plugins.finders.find_elsewhere`).
 
 Applying patches there (not later) matters: modules that ``from x import f`` afterwards copy the
 patched ``f``. A watcher finds the real spec through the other finders and wraps its loader; it
@@ -18,7 +19,7 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
 
-from titan_plugins.autoload import find_elsewhere
+from titan_plugins.finders import find_elsewhere
 from titan_plugins.patching.engine import PatchEngine
 
 AfterExec = Callable[[ModuleType], None]

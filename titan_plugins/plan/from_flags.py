@@ -86,8 +86,8 @@ def build_config(flags: dict, world: int) -> PlanConfig:
     vocab = _int(flags, "--vocab-size")
     if vocab is None:
         raise PlanError("--vocab-size is required (plan cannot load a tokenizer)")
-    if flags.get("--tokenizer-type") == "NullTokenizer":
-        vocab += 1  # NullTokenizer adds the EOD token
+    if flags.get("--tokenizer-type") == "NullTokenizer" and _null_tokenizer_adds_eod():
+        vocab += 1  # up to 0.17, NullTokenizer adds the EOD token after --vocab-size
     multiple = _int(flags, "--make-vocab-size-divisible-by", 128) * tp
     vocab = math.ceil(vocab / multiple) * multiple
 
@@ -223,3 +223,17 @@ def build_config(flags: dict, world: int) -> PlanConfig:
         vp_group=_int(flags, "--microbatch-group-size-per-virtual-pipeline-stage"),
         ep_overlap=bool(flags.get("--overlap-moe-expert-parallel-comm")),
     )
+
+
+def _null_tokenizer_adds_eod() -> bool:
+    """Megatron-LM's NullTokenizer has ``--vocab-size + 1`` tokens up to 0.17 (the EOD token after
+    them) and ``--vocab-size`` from 0.18 (megatron.core.tokenizers puts EOD inside). The line is
+    the megatron-core this environment would import (read statically, never imported); with none
+    found, the current line's rule."""
+    from titan_plugins.patching import gates
+
+    try:
+        version = gates.resolve_version("megatron-core")[0]
+    except Exception:  # an odd environment: plan for the current line
+        version = None
+    return version is not None and gates.version_key(version)[0] < (0, 18)

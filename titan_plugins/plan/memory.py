@@ -7,7 +7,8 @@ expert DP. Padding of DDP buckets (< 64 elements per parameter, < lcm(DP, 128) p
 not modelled.
 
 Activations: each rank's events come from the core's model of Megatron's schedule order
-(:mod:`titan_plugins.schedule`: warm-up, steady 1F1B, cool-down per chunk and microbatch), and
+(:mod:`titan_plugins.hosts.megatron.schedule`: warm-up, steady 1F1B, cool-down per chunk and
+microbatch), and
 the peak counts each chunk's own activations at every forward. Variants: as configured, and
 what each installed plugin says it does (``titan_memory_effect``, :mod:`.effects`), alone and
 all together.
@@ -18,13 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from titan_plugins.plan import activations as act
-from titan_plugins.plan.config import PlanConfig
-from titan_plugins.plan.effects import MemoryEffect, MemoryLayout, Variant, ask_plugins, variants
-from titan_plugins.plan.flags import PlanError
-from titan_plugins.plan.layout import Chunk, pipeline_chunks
-from titan_plugins.plan.params import Params, embedding_params, head_params, layer_params
-from titan_plugins.schedule import (
+from titan_plugins.hosts.megatron.schedule import (
     FORWARD,
     INTERLEAVED,
     ONE_F_ONE_B,
@@ -33,6 +28,12 @@ from titan_plugins.schedule import (
     replay,
     schedule_kind,
 )
+from titan_plugins.plan import activations as act
+from titan_plugins.plan.config import PlanConfig
+from titan_plugins.plan.effects import MemoryEffect, MemoryLayout, Variant, ask_plugins, variants
+from titan_plugins.plan.flags import PlanError
+from titan_plugins.plan.layout import Chunk, pipeline_chunks
+from titan_plugins.plan.params import Params, embedding_params, head_params, layer_params
 
 # Megatron --offload-modules names -> the saved tensors they move off the device.
 _MEGATRON_OFFLOAD = {

@@ -105,7 +105,7 @@ def _start(rank: int, world_size: int, port: int, init_timeout_s: float) -> None
     warnings.filterwarnings("ignore", module=r"megatron\.")
     # torch 2.13 deprecates all_gather_into_tensor, which megatron calls every step.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed\.")
-    from titan_plugins.testing import cpu_harness
+    from titan_plugins.hosts.megatron.testing import cpu_harness
 
     cpu_harness.install()
     import megatron.core  # noqa: F401  (the ~7 s import every task would otherwise pay)

@@ -1,6 +1,6 @@
 """Run an unmodified Megatron-LM training script (``pretrain_gpt.py``) on CPU with gloo.
 
-TEST-TIME ONLY (like :mod:`~titan_plugins.testing.cpu_harness`, which it installs)::
+TEST-TIME ONLY (like :mod:`~titan_plugins.hosts.megatron.testing.cpu_harness`, which it installs)::
 
     torchrun --nproc-per-node 4 -m titan_plugins.testing.megatron_lm \\
         $MEGATRON_LM_DIR/pretrain_gpt.py --distributed-backend gloo --use-cpu-initialization ...

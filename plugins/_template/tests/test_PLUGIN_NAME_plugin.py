@@ -13,9 +13,9 @@ from titan_PLUGIN_NAME.plugin import STEPS
 from titan_PLUGIN_NAME.settings import LOG_EVERY
 
 from titan_plugins import active_manager
+from titan_plugins.hosts.megatron.train_step import TrainStep
 from titan_plugins.settings import SettingError
 from titan_plugins.testing import environ, plugin_active
-from titan_plugins.train_step import TrainStep
 
 
 def test_patches_apply_and_undo():

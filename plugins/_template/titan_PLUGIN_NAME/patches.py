@@ -10,7 +10,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from titan_plugins.patching import SUPPORTED_MEGATRON, Patch, Signature
+from titan_plugins.hosts.megatron import SUPPORTED_MEGATRON
+from titan_plugins.patching import Patch, Signature
 
 CALLS = {"initialize_model_parallel": 0}
 

@@ -16,9 +16,9 @@ from . import patches
 from .settings import LOG_EVERY, SETTINGS
 
 if TYPE_CHECKING:
+    from titan_plugins.hosts.megatron.train_step import TrainStep
     from titan_plugins.patching import Patch
     from titan_plugins.settings import Setting
-    from titan_plugins.train_step import TrainStep
 
 # A child of the core's logger: shown at INFO when the host logs INFO or TITAN_PLUGINS_DEBUG=1.
 logger = logging.getLogger("titan_plugins.PLUGIN_NAME")

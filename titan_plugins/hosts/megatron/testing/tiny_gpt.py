@@ -21,12 +21,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from titan_plugins.testing.model_state import (
+from titan_plugins.hosts.megatron.testing.model_state import (
     global_state_dict,
     load_global_state_dict,
     state_snapshot,
 )
-from titan_plugins.testing.tiny_data import MBS, SEQ, VOCAB, fixed_batches, forward_step
+from titan_plugins.hosts.megatron.testing.tiny_data import (
+    MBS,
+    SEQ,
+    VOCAB,
+    fixed_batches,
+    forward_step,
+)
 
 if TYPE_CHECKING:
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -116,8 +122,16 @@ def _reset_run_globals() -> None:
     """Forget megatron's process-global per-run state left by an earlier task in this worker."""
     from megatron.core.transformer.moe import moe_utils
 
-    # The MoE aux-loss tracker sizes its tensors by the first model's layer count (moe_utils.py).
-    moe_utils.get_moe_layer_wise_logging_tracker().clear()
+    # The MoE aux-loss tracker sizes its tensors by the first model's layer count: a deeper model
+    # later in the worker would index past them. Up to 0.17 it is moe_utils' global dict; from
+    # 0.18 a MoEMetricsTracker in moe_logging (moe_utils then returns a fresh dict view of it,
+    # whose clear() forgets nothing), dropped with destroy_moe_metrics_tracker(). moe_utils
+    # imports moe_logging where it exists, so sys.modules tells the line apart.
+    moe_logging = sys.modules.get("megatron.core.transformer.moe.moe_logging")
+    if moe_logging is not None:
+        moe_logging.destroy_moe_metrics_tracker()
+    else:
+        moe_utils.get_moe_layer_wise_logging_tracker().clear()
     # A backward outside megatron's schedules leaves a 0-d scale here; the next schedule run
     # then fails to broadcast it ("output with shape [] doesn't match ... [1]").
     moe_utils.MoEAuxLossAutoScaler.main_loss_backward_scale = None
@@ -241,6 +255,25 @@ def make_optimizer(chunks: list, cfg: TransformerConfig, lr: float = 1e-3) -> An
     return get_megatron_optimizer(config, chunks)
 
 
+class RepeatingBatches:
+    """The data iterator of :func:`train`: endless, the same ``batches`` in the same order step
+    after step, from one iterator kept across steps (as a real loop's data iterator is), so a
+    caller that skips whole steps of microbatches between steps (rewind's escalation) really
+    advances it. ``consumed`` counts the microbatches read (by the schedule or a skip)."""
+
+    def __init__(self, batches: list) -> None:
+        self.batches = batches
+        self.consumed = 0
+
+    def __iter__(self) -> RepeatingBatches:
+        return self
+
+    def __next__(self) -> Any:
+        batch = self.batches[self.consumed % len(self.batches)]
+        self.consumed += 1
+        return batch
+
+
 def train(
     chunks: list,
     cfg: TransformerConfig,
@@ -250,7 +283,8 @@ def train(
     lr: float = 1e-3,
     optimizer: Any = None,
 ) -> tuple[list[float], list[float]]:
-    """Train ``steps`` steps on ``fixed_batches(num_microbatches, seed)`` (the same data each step).
+    """Train ``steps`` steps on ``fixed_batches(num_microbatches, seed)`` (the same data each step,
+    from one ``RepeatingBatches`` iterator per chunk kept across the steps).
 
     Uses ``get_forward_backward_func()`` (so PP/VPP/EP-overlap pick megatron's matching schedule),
     megatron's ``finalize_model_grads`` (DP/EP grad reduction, tied-embedding sync) and a fresh
@@ -267,6 +301,9 @@ def train(
     optimizer = optimizer or make_optimizer(chunks, cfg, lr)
     forward_backward = get_forward_backward_func()
     batches = fixed_batches(num_microbatches, seed)
+    # One iterator per chunk (each virtual stage consumes every microbatch once per step), kept
+    # across steps: each step reads the same microbatches, and a skip between steps is real.
+    iterators = [RepeatingBatches(batches) for _ in chunks]
     losses: list[float] = []
     grad_norms: list[float] = []
     for _ in range(steps):
@@ -274,8 +311,6 @@ def train(
         for chunk in chunks:
             chunk.zero_grad_buffer()
         optimizer.zero_grad()
-        # One iterator per chunk: each virtual stage consumes every microbatch once.
-        iterators = [iter(batches) for _ in chunks]
         outputs = forward_backward(
             forward_step_func=forward_step,
             data_iterator=iterators if len(chunks) > 1 else iterators[0],

@@ -92,3 +92,17 @@ def state_snapshot(chunks: list, grads: bool = True) -> dict[str, torch.Tensor]:
             if grad is not None:
                 snapshot[name + ".grad"] = grad.detach().clone()
     return snapshot
+
+
+def outputs_and_grads(
+    layer: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """One forward and backward of a layer that returns ``(output, bias)`` (megatron's MLP / MoE
+    layers): the output, the input gradient and every parameter gradient of the loss
+    ``(output * weight).sum()``, for comparing two implementations of the same layer."""
+    layer.zero_grad(set_to_none=True)
+    x = x.clone().requires_grad_(True)
+    out, _ = layer(x)
+    (out * weight).sum().backward()
+    grads = {n: p.grad.clone() for n, p in layer.named_parameters() if p.grad is not None}
+    return {"out": out.detach(), "dx": x.grad, **grads}

@@ -19,9 +19,10 @@ With EP A2A overlap (``overlap_moe_expert_parallel_comm``) megatron runs each st
 combined step in which the forward and the backward interleave layer by layer; the events keep
 the forward first, so peaks replayed from them are an upper bound for those steps.
 
-Mirrors megatron-core 0.16.1 ``pipeline_parallel/schedules.py`` (``get_pp_rank_microbatches``,
-``get_schedule_table``, the warm-up / steady / cool-down loops) and ``combined_1f1b.py``;
-``tests/test_schedule_model.py`` checks it against the order megatron really runs. Pure Python.
+Mirrors megatron-core's ``pipeline_parallel/schedules.py`` (``get_pp_rank_microbatches``,
+``get_schedule_table``, the warm-up / steady / cool-down loops) and ``combined_1f1b.py``, whose
+order is the same on every supported line (0.16-0.19); ``tests/test_schedule_model.py`` checks
+it against the order the installed megatron really runs. Pure Python.
 """
 
 from __future__ import annotations

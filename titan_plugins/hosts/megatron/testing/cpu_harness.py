@@ -1,4 +1,4 @@
-"""CPU harness: lets unmodified megatron-core 0.16.1 build and train on a CPU-only torch with gloo.
+"""CPU harness: lets unmodified megatron-core (0.16-0.19) build and train on CPU-only torch + gloo.
 
 TEST-TIME ONLY. Nothing here activates by itself: plugin activation never calls it; only an
 explicit ``install()`` (the gloo worker pool does so in its workers) switches it on, and it cannot
@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from titan_plugins.testing._cuda_stubs import patch_torch_cuda
-from titan_plugins.testing._cuda_to_cpu import CudaToCpuMode
+from titan_plugins.hosts.megatron.testing._cuda_stubs import patch_torch_cuda
+from titan_plugins.hosts.megatron.testing._cuda_to_cpu import CudaToCpuMode
 from titan_plugins.testing._post_import import when_imported
 
 __all__ = [

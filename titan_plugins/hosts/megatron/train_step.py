@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 SCHEDULES = "megatron.core.pipeline_parallel.schedules"
+OPTIMIZER_CUDA_GRAPH = "megatron.core.optimizer.optimizer_cuda_graph"  # 0.17+
 OPTIMIZER = "megatron.core.optimizer.optimizer"
 
 # Schedule function -> the schedule's short name (TrainStep.schedule).
@@ -213,10 +214,26 @@ def last_train_step() -> TrainStep | None:
     return _STATE.last_train_step
 
 
+def _no_manager() -> Any | None:
+    return None
+
+
+_MANAGER_OF: list[Callable[[], Any | None]] = [_no_manager]
+
+
+def bind(manager_of: Callable[[], Any | None]) -> None:
+    """Where the patched functions find the active pluggy manager: activation hands over its
+    ``active_manager`` (so this room never imports activation back)."""
+    _MANAGER_OF[0] = manager_of
+
+
+def active_manager() -> Any | None:
+    """The active pluggy manager, as the bound ``manager_of`` answers (None before binding)."""
+    return _MANAGER_OF[0]()
+
+
 def _hook(name: str) -> Any | None:
     """The pluggy hook caller when some plugin wraps it, else None (call Megatron directly)."""
-    from titan_plugins.activation import active_manager
-
     pm = active_manager()
     if pm is None:
         return None
@@ -248,7 +265,8 @@ def wrap_schedule(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any
 
 
 def wrap_microbatch(phase: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Patch factory for ``schedules.forward_step`` / ``backward_step``."""
+    """Patch factory for ``schedules.forward_step`` / ``backward_step`` (and 0.17+'s
+    ``backward_step_multimodule``, whose tensors are dicts keyed by module name)."""
     hook_name = f"titan_{phase}_microbatch"
 
     def factory(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -262,6 +280,38 @@ def wrap_microbatch(phase: str) -> Callable[[Callable[..., Any]], Callable[..., 
         return microbatch
 
     return factory
+
+
+def wrap_graphed_optimizer_step(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Patch factory for ``OptimizerCudaGraphWrapper.__call__`` (megatron-core 0.17+,
+    ``--optimizer-cuda-graph``): Megatron-LM replaces ``optimizer.step`` with this wrapper, which
+    captures the step once and then *replays* the graph, so the optimizer's own (patched) ``step``
+    runs only until the capture. Hooking the wrapper fires ``titan_optimizer_step`` once per
+    training-loop call on every step, replayed ones included; the inner ``step`` runs unhooked
+    (nested). The hook's ``optimizer`` is the optimizer the wrapper steps. After a replay the
+    result is the one the capture returned: its tensors are refreshed by the replay, a Python
+    number in it is not (a plugin reading the grad norm must read a tensor)."""
+
+    @functools.wraps(original)
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 (the patched name)
+        hook = _hook("titan_optimizer_step") if _STATE.optimizer_depth == 0 else None
+        if hook is None:
+            return original(self, *args, **kwargs)
+        optimizer = getattr(self.optimizer_step_func, "__self__", None)
+
+        def graphed_step(_optimizer: Any, *a: Any, **k: Any) -> Any:
+            return original(self, *a, **k)
+
+        _STATE.optimizer_depth += 1
+        try:
+            call = OptimizerStep(
+                graphed_step, (optimizer, *args), kwargs, step=_STATE.last_train_step
+            )
+            return hook(step=call)
+        finally:
+            _STATE.optimizer_depth -= 1
+
+    return __call__
 
 
 def wrap_optimizer_step(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -280,8 +330,3 @@ def wrap_optimizer_step(original: Callable[..., Any]) -> Callable[..., Any]:
             _STATE.optimizer_depth -= 1
 
     return step
-
-
-def run_original(call: Call) -> Any:
-    """The core's own (innermost, non-wrapper) implementation of every train-step hook."""
-    return call.run()

@@ -1,0 +1,26 @@
+"""The hosts the core serves: one room per host (``titan_plugins.hosts.<name>``).
+
+The host-neutral core reaches a host only through :data:`HOSTS` (checked in
+``tests/test_architecture_rules.py``). Each room module offers the same small surface:
+
+- ``NAME``; ``PACKAGE`` / ``DISTRIBUTION`` (the package whose ``package_info`` holds the version
+  of the code, and the distribution the version gates name); ``TRIGGER_PREFIXES``;
+- ``LINE_GATES`` and ``SUPPORTED`` (the gates of the host's release lines, for the engine's
+  "written for another line" verdict);
+- ``WRAPPER_HOOKS`` (hooks that only wrappers may implement: the room runs the original);
+- ``core_patches()`` (the core's own patch records for the host), ``bind(manager_of)`` (how the room
+  finds the active manager: handed over by activation, so the room never imports it back) and
+  ``reset()`` (a new activation starts counting again).
+
+A room imports the core's leaf modules (records, signatures, settings), never ``activation``,
+``manager`` or ``builtin``: the core's import graph has no cycle.
+"""
+
+from __future__ import annotations
+
+from titan_plugins.hosts import megatron
+
+HOSTS = {megatron.NAME: megatron}
+"""Host name -> its room (the one registration point of the core)."""
+
+__all__ = ["HOSTS"]
