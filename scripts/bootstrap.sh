@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Create (or update) .venv with the pinned toolchain, the core and every plugin in editable mode.
-# Idempotent: a second run only re-checks. Used by scripts/demo.sh and scripts/test.sh.
+# Create (or update) the venv of one Megatron line (MEGATRON_CORE, scripts/megatron_line.sh: .venv
+# for the default line, .venv-<version> for the others) with the pinned toolchain, that line's
+# megatron-core, the core and every plugin in editable mode. Idempotent: a second run only
+# re-checks. Used by scripts/demo.sh, scripts/test.sh and scripts/gpu_check.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3.11}
-command -v "$PY" >/dev/null 2>&1 || PY=python3
+. scripts/megatron_line.sh
 
 # Mooncake's non-CUDA wheel links libibverbs (Debian libibverbs1); install it when missing.
 if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs.so.1'; then
@@ -21,29 +22,38 @@ fi
 # compile the core and plugins from source while megatron imports (~90 ms here). Compile them
 # now, as a wheel install does; up-to-date files are skipped.
 compile_sources() {
-  [ -x .venv/bin/python ] || return 0
-  .venv/bin/python -m compileall -q -j 0 titan_plugins plugins/*/titan_* >/dev/null 2>&1 || true
+  [ -x "$VENV/bin/python" ] || return 0
+  "$VENV/bin/python" -m compileall -q -j 0 titan_plugins plugins/*/titan_* >/dev/null 2>&1 || true
 }
 
-stamp=.venv/.titan-bootstrap
-want=$(cat requirements/*.txt setup.cfg plugins/*/setup.cfg plugins/*/setup.py plugins/*/titan_*/*.c 2>/dev/null | sha256sum | cut -d' ' -f1)
+requirements=(requirements/dev.txt "requirements/megatron-$MEGATRON_CORE.txt")
+stamp=$VENV/.titan-bootstrap
+want=$(cat "${requirements[@]}" setup.cfg plugins/*/setup.cfg plugins/*/setup.py plugins/*/titan_*/*.c 2>/dev/null | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   compile_sources
   exit 0
 fi
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+# A venv of another Python (the default line moved from 0.16/3.11 to 0.19/3.12) is rebuilt.
+if [ -x "$VENV/bin/python" ] && ! "$VENV/bin/python" -c "import sys; sys.exit(f'{sys.version_info[0]}.{sys.version_info[1]}' != '$LINE_PYTHON')"; then
+  echo "bootstrap: $VENV holds another Python than megatron-core $MEGATRON_CORE needs ($LINE_PYTHON): rebuilding it" >&2
+  rm -rf "$VENV"
+fi
+if [ ! -x "$VENV/bin/python" ]; then
+  PY=$(line_python) || exit 2
+  "$PY" -m venv "$VENV"
+fi
 editables=(-e .)
 for plugin in plugins/*/; do
   case "$plugin" in plugins/_*) continue ;; esac
   [ -f "$plugin/setup.cfg" ] && editables+=(-e "$plugin")
 done
 # pip's build warnings would bury the job's own output: keep them in a log, show it on failure.
-log=.venv/bootstrap.log
-echo "bootstrap: installing the pinned toolchain and every distribution into .venv ($log)" >&2
+log=$VENV/bootstrap.log
+echo "bootstrap: installing megatron-core $MEGATRON_CORE, the pinned toolchain and every distribution into $VENV ($log)" >&2
 if ! {
-  .venv/bin/python -m pip install -q --upgrade pip &&
-    .venv/bin/python -m pip install -q -r requirements/dev.txt &&
-    .venv/bin/python -m pip install -q --no-deps "${editables[@]}"
+  "$VENV/bin/python" -m pip install -q --upgrade pip &&
+    "$VENV/bin/python" -m pip install -q "${requirements[@]/#/-r}" &&
+    "$VENV/bin/python" -m pip install -q --no-deps "${editables[@]}"
 } >"$log" 2>&1; then
   cat "$log" >&2
   echo "bootstrap: pip failed (full log: $log)" >&2

@@ -1,8 +1,57 @@
 #!/usr/bin/env bash
-# The project's test command (README; .ci/run calls exactly this): lint, format check, all tests.
+# The project's test command (README; .ci/run calls exactly this): ruff check and ruff format
+# --check, then the whole pytest suite on each fully tested Megatron line (FULL_LINES: 0.19.2, the
+# current release, and 0.16.1, the line slime and miles run), and the line checks, the
+# composition matrix and the demo on the lines between (SOME_LINES: 0.17.1 and 0.18.2). Each line
+# has its own venv (scripts/megatron_line.sh). With MEGATRON_CORE set, only that line runs, with
+# the pytest arguments given (e.g. MEGATRON_CORE=0.18.2 ./scripts/test.sh -q tests/test_demo.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/bootstrap.sh
-.venv/bin/ruff check .
-.venv/bin/ruff format --check .
-exec .venv/bin/python -m pytest "$@"
+FULL_LINES=${FULL_LINES:-0.19.2 0.16.1}
+SOME_LINES=${SOME_LINES:-0.17.1 0.18.2}
+SOME_TESTS=(
+  tests/test_megatron_lines.py
+  tests/test_compose_matrix.py
+  tests/test_demo.py::test_default_demo_writes_a_strict_json_report_with_every_plugins_work
+)
+
+if [ -n "${MEGATRON_CORE:-}" ]; then
+  . scripts/megatron_line.sh
+  ./scripts/bootstrap.sh
+  "$VENV/bin/ruff" check .
+  "$VENV/bin/ruff" format --check .
+  exec "$VENV/bin/python" -m pytest "$@"
+fi
+
+results=$(mktemp -d)
+trap 'rm -rf "$results"' EXIT
+status=0
+first=1
+for line in $FULL_LINES $SOME_LINES; do
+  MEGATRON_CORE=$line ./scripts/bootstrap.sh
+  venv=$(MEGATRON_CORE=$line bash -c '. scripts/megatron_line.sh; echo "$VENV"')
+  if [ "$first" = 1 ]; then # lint once: the same sources and the same pinned ruff on every line
+    "$venv/bin/ruff" check .
+    "$venv/bin/ruff" format --check .
+    first=0
+  fi
+  case " $FULL_LINES " in *" $line "*) tests=("$@") ;; *) tests=("$@" "${SOME_TESTS[@]}") ;; esac
+  echo "== megatron-core $line ($venv): pytest ${tests[*]:-(the whole suite)}" >&2
+  # MEGATRON_CORE tells what the tests start (scripts/demo.sh) which line this leg is.
+  MEGATRON_CORE=$line "$venv/bin/python" -m pytest --junitxml="$results/$line.xml" "${tests[@]}" || status=$?
+done
+# One closing line for the whole run, summed over every line's pytest.
+python3 - "$results" <<'PY'
+import pathlib, sys, xml.etree.ElementTree as ET
+total = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+for path in sorted(pathlib.Path(sys.argv[1]).glob("*.xml")):
+    for suite in ET.parse(path).getroot().iter("testsuite"):
+        for key in total:
+            total[key] += int(suite.get(key, 0))
+        print(f"megatron-core {path.stem}: {suite.get('tests')} tests, {suite.get('failures')} failed, "
+              f"{suite.get('errors')} errors, {suite.get('skipped')} skipped")
+failed = total["failures"] + total["errors"]
+passed = total["tests"] - failed - total["skipped"]
+print(f"total: {passed} passed, {failed} failed, {total['skipped']} skipped")
+PY
+exit "$status"

@@ -55,7 +55,7 @@ TRACE = {"TITAN_TRACE_STEPS": "1"}  # iteration 1, written when iteration 2 star
 
 
 def _config(plugins: list[str]):
-    from titan_plugins.testing import tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
 
     flags: dict = {"bf16": True, "hidden_size": HIDDEN, "ffn_hidden_size": 2 * HIDDEN}
     if "fp8_blockwise" in plugins:
@@ -86,8 +86,9 @@ def matrix_task(runs: dict[str, list[str]], trace_root: str) -> dict:
     from megatron.core import parallel_state as ps
 
     from titan_plugins import report
-    from titan_plugins.testing import plugin_active, tiny_gpt
-    from titan_plugins.testing.model_state import named_global_parameters
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
+    from titan_plugins.hosts.megatron.testing.model_state import named_global_parameters
+    from titan_plugins.testing import plugin_active
 
     rank = torch.distributed.get_rank()
     out: dict = {"pp_rank": None}

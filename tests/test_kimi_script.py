@@ -1,7 +1,10 @@
 """The Kimi-K2 1T launch script: ``plan`` reads it; Megatron-LM accepts its flags (parse + validate).
 
-The Megatron-LM check needs ``megatron.training`` (a Megatron-LM checkout on PYTHONPATH); CI has
-only the megatron-core wheel, so it is skipped there with the reason.
+The Megatron-LM check needs ``megatron.training``: the megatron-core wheel ships it from 0.17; on
+the 0.16 line it takes a Megatron-LM checkout on PYTHONPATH, and without one it is skipped there
+with the reason. It builds the tokenizer where the line keeps it (``megatron.training.tokenizer``
+up to 0.16, ``megatron.core.tokenizers`` from 0.17) and compares padded vocabulary and FLOPs with
+the plan's on the line it runs on.
 """
 
 from __future__ import annotations
@@ -93,7 +96,12 @@ sys.argv = ["pretrain_gpt.py"] + sys.argv[1:]
 args = A.parse_args()
 A.validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
 print("VALID", args.virtual_pipeline_model_parallel_size, args.data_parallel_size)
-from megatron.training.tokenizer import build_tokenizer
+try:  # Megatron-LM up to 0.16 (a checkout): megatron/training/tokenizer
+    from megatron.training.tokenizer import build_tokenizer
+except ModuleNotFoundError as missing:  # from 0.17 global_vars builds it with megatron.core's
+    if missing.name != "megatron.training.tokenizer":
+        raise
+    from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
 from megatron.training.training import num_floating_point_operations
 build_tokenizer(args)  # sets args.padded_vocab_size the way pretrain does
 print("PADDED_VOCAB", args.padded_vocab_size)
@@ -103,7 +111,7 @@ print("FLOPS", num_floating_point_operations(args, args.global_batch_size))
 
 @pytest.mark.skipif(
     not _has_megatron_training(),
-    reason="Megatron-LM (megatron.training) not importable; CI has megatron-core only",
+    reason="megatron.training not importable: the 0.16 wheel lacks it (set PYTHONPATH to a checkout)",
 )
 def test_megatron_lm_parses_and_validates_the_flags() -> None:
     launch = read_launch_script(SCRIPT.read_text(), {})

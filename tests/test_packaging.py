@@ -47,7 +47,16 @@ PYTHON_CLASSIFIERS = {
     "Programming Language :: Python :: 3 :: Only",
     "Programming Language :: Python :: 3.11",
 }
-BUILD_LEFTOVERS = ("*.egg-info", "build", "dist", "__pycache__", ".venv", ".git", "*_cache")
+BUILD_LEFTOVERS = (
+    "*.egg-info",
+    "build",
+    "dist",
+    "__pycache__",
+    ".venv",
+    ".venv-*",
+    ".git",
+    "*_cache",
+)
 
 
 @dataclasses.dataclass
@@ -174,12 +183,9 @@ def test_plugin_requires_a_core_range_holding_this_core(sdists, dist):
 
 
 def core_megatron_range() -> SpecifierSet:
-    """The core's supported range (``patching.SUPPORTED_MEGATRON``, a gate, where the core has
-    it; else doctor's, a bare specifier)."""
-    from titan_plugins import doctor, patching
+    """The core's supported range (the Megatron host room's ``SUPPORTED_MEGATRON``, a gate)."""
+    from titan_plugins.hosts.megatron import SUPPORTED_MEGATRON as value
 
-    value = getattr(patching, "SUPPORTED_MEGATRON", None) or doctor.SUPPORTED_MEGATRON
-    value = value[0] if isinstance(value, tuple) else value
     return Requirement(value).specifier if value[0].isalpha() else SpecifierSet(value)
 
 
