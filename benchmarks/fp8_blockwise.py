@@ -106,7 +106,7 @@ def _layer_saved_task(fp8: bool, swiglu: bool) -> dict:
     """
     import contextlib
 
-    from titan_plugins.testing import tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
     from titan_plugins.testing.activation import plugin_active
 
     tiny_gpt.init_parallel()
@@ -166,7 +166,7 @@ def layer_memory() -> None:
 def _gap_task(fp8: bool, steps: int) -> list[float]:
     import contextlib
 
-    from titan_plugins.testing import tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
     from titan_plugins.testing.activation import plugin_active
 
     tiny_gpt.init_parallel()

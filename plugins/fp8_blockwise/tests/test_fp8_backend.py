@@ -143,16 +143,16 @@ def test_fp8_backend_configure_hook_force_and_validation(monkeypatch):
 
 
 def test_fp8_backend_te_general_gemm_fix():
-    from titan_fp8_blockwise.patches import _te_general_gemm
+    from titan_fp8_blockwise.replacements import te_general_gemm
 
     from titan_plugins.patching import MISSING
 
-    assert _te_general_gemm(MISSING) is None  # 0.16.1 without TE: megatron's torch path
+    assert te_general_gemm(MISSING) is None  # 0.16.1 without TE: megatron's torch path
 
     def gemm():
         return None
 
-    assert _te_general_gemm(gemm) is gemm  # TE present: untouched
+    assert te_general_gemm(gemm) is gemm  # TE present: untouched
 
 
 def test_fp8_backend_plugin_import_is_cheap_and_megatron_free():

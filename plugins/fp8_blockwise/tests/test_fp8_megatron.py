@@ -23,7 +23,7 @@ def _train_task(
     env, fp8: bool, steps: int, ep: int = 1, lr: float = LR, extra: dict | None = None
 ) -> dict:
     """Worker task: build the tiny MoE GPT (FP8 flags if ``fp8``), train, report."""
-    from titan_plugins.testing import tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
     from titan_plugins.testing.activation import plugin_active
 
     tiny_gpt.init_parallel(ep=ep)
@@ -47,16 +47,18 @@ def _train_task(
         }
 
 
-def _plan_context_patched() -> bool:
-    """Is the EP-overlap schedule plan's from-imported get_fp8_context the plugin's?"""
+def _plan_context_patched() -> bool | None:
+    """Is the EP-overlap schedule plan's from-imported get_fp8_context the plugin's? (None: the
+    plan has no copy: from 0.19 it asks the layer, which imports fp8_utils' at the call.)"""
     from megatron.core.models.common import model_chunk_schedule_plan as plan
 
-    return hasattr(plan.get_fp8_context, "__wrapped__")
+    copy = getattr(plan, "get_fp8_context", None)
+    return None if copy is None else hasattr(copy, "__wrapped__")
 
 
 def _build_task(env, overrides: dict) -> str:
     """Worker task: build a model with ``overrides``; return the error text (or '')."""
-    from titan_plugins.testing import tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
     from titan_plugins.testing.activation import plugin_active
 
     tiny_gpt.init_parallel()
@@ -120,7 +122,7 @@ def test_fp8_megatron_ep2_bf16_a2a_overlap_path(gloo_pool2):
     extra = {"bf16": True, "params_dtype": torch.bfloat16, "overlap_moe_expert_parallel_comm": True}
     ref = gloo_pool2.run(_train_task, None, False, 3, 2, LR, extra)[0]
     run = gloo_pool2.run(_train_task, {}, True, 3, 2, LR, extra)[0]
-    assert run["plan_context_patched"] and run["failed"] == []
+    assert run["plan_context_patched"] is not False and run["failed"] == []
     assert run["calls"]["ColumnParallelLinear"] == 2 * 3
     gaps = _gaps(run["losses"], ref["losses"])
     assert 0 < max(gaps) <= 0.015

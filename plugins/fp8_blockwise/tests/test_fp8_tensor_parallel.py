@@ -62,3 +62,56 @@ def test_fp8_tensor_parallel_matches_single_process(gloo_pool2, sequence_paralle
         assert _rel(res["y"], y.detach()[:, cols]) < 1e-6
         assert _rel(res["dw"], w.grad[cols]) < 1e-6
         assert _rel(res["dx"], x.grad[rows]) < 1e-6
+
+
+class _GTPShard(torch.nn.Parameter):
+    """Rows of a weight sharded over the world like megatron 0.19's GTPShardedParam: gathered
+    for each GEMM, its gradient reduce-scattered into ``main_grad`` (the protocol megatron's
+    own linear function uses; the real class needs TransformerEngine >= 2.19)."""
+
+    def all_gather_and_prefetch(self, fwd: bool = True) -> torch.Tensor:
+        import torch.distributed as dist
+
+        out = torch.empty((self.shape[0] * dist.get_world_size(), self.shape[1]))
+        dist.all_gather_into_tensor(out, self.detach().contiguous())
+        return out
+
+    def all_gather_and_prefetch_bwd(self) -> torch.Tensor:
+        return self.all_gather_and_prefetch(fwd=False)
+
+    def wgrad_reduce_scatter(self, wgrad: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        local = torch.empty(self.shape, dtype=wgrad.dtype)
+        dist.reduce_scatter_tensor(local, wgrad.contiguous())
+        self.main_grad.add_(local)
+        return torch.zeros_like(self.main_grad)  # the synchronous case: a dummy gradient
+
+
+def _gtp_task() -> dict:
+    """Worker task: each rank holds half the weight's rows and its own half of the tokens."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    x, w, dy = _tensors()
+    rows = slice(rank * M // 2, (rank + 1) * M // 2)
+    shard = _GTPShard(w[rank * N // 2 : (rank + 1) * N // 2].clone())
+    shard.main_grad = torch.zeros_like(shard.data)
+    x_in = x[rows].clone().requires_grad_()
+    y = fp8_linear(x_in, shard, gtp_remat_size=2)
+    y.backward(dy[rows])
+    return {"y": y.detach(), "dx": x_in.grad, "main_grad": shard.main_grad}
+
+
+def test_fp8_tensor_parallel_gtp_sharded_weight_matches_single_process(gloo_pool2):
+    # GTP ranks see different tokens (a data-parallel axis) and share one weight: each gathers
+    # it for its GEMMs, and the weight gradient is the sum over ranks, scattered by rows.
+    x, w, dy = _tensors()
+    x, w = x.requires_grad_(), w.requires_grad_()
+    y = fp8_linear(x, w)
+    y.backward(dy)
+    for rank, res in enumerate(gloo_pool2.run(_gtp_task)):
+        tokens = slice(rank * M // 2, (rank + 1) * M // 2)
+        assert _rel(res["y"], y.detach()[tokens]) < 1e-6  # same whole weight, same tiles
+        assert _rel(res["dx"], x.grad[tokens]) < 1e-6
+        assert _rel(res["main_grad"], w.grad[rank * N // 2 : (rank + 1) * N // 2]) < 1e-6

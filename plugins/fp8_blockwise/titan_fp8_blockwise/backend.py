@@ -12,11 +12,13 @@ if TYPE_CHECKING:
 ALIGN = 16  # every GEMM dimension: cuBLAS/TE block-scaled FP8 (megatron's get_fp8_align_size)
 _ATTR = "_titan_fp8_blockwise_recipe"
 _resolved: dict[str, str] = {}
+_aside_warned: set[str] = set()
 
 
 def reset() -> None:
     """Forget the resolved backend (tests, re-activation)."""
     _resolved.clear()
+    _aside_warned.clear()
 
 
 def resolve_backend() -> str:
@@ -90,9 +92,13 @@ def validate(config: Any) -> None:
 def recipe_for(config: Any) -> BlockwiseRecipe | None:
     """The plugin's recipe for ``config``, or None when the plugin does not serve it.
 
-    None when the config does not ask for blockwise FP8, or when TransformerEngine serves it.
-    The first call per config validates its dimensions (ValueError on a misfit).
+    None when the config does not ask for blockwise FP8, when TransformerEngine serves it, or
+    when a patch the FP8 linear layers need is not applied on this Megatron (the plugin stands
+    aside rather than run half patched: ``features``; one warning says so). The first call per
+    config validates its dimensions (ValueError on a misfit).
     """
+    if wants_blockwise(config) and resolve_backend() == "torch" and _aside():
+        return None  # asked on every use: a patch still pending now may be applied later
     cached = getattr(config, _ATTR, None)
     if cached is not None:
         return cached or None
@@ -107,3 +113,18 @@ def recipe_for(config: Any) -> BlockwiseRecipe | None:
     except AttributeError:
         pass
     return recipe or None
+
+
+def _aside() -> bool:
+    """Do the FP8 linear layers stand aside in this process? (Warns once per reason.)"""
+    from titan_fp8_blockwise import features  # the patch records' states, asked at run time
+
+    why = features.inactive_reason(features.LINEAR)
+    if why is None:
+        return False
+    if why not in _aside_warned:
+        _aside_warned.add(why)
+        import logging
+
+        logging.getLogger("titan_plugins.fp8_blockwise").warning("fp8_blockwise: %s", why)
+    return True

@@ -11,6 +11,14 @@ of the bf16 bytes); the high-precision input is not saved. Accumulation is fp32 
 the output keeps the input dtype. Tensor-parallel communication mirrors megatron's
 ``LinearWithGradAccumulationAndAsyncCommunication`` (synchronously): all-gather of the input for
 sequence parallelism, all-reduce or reduce-scatter of dgrad.
+
+A weight sharded by megatron 0.19's Generalized Tensor Parallelism (``gtp_remat_size > 1``) is
+used through the same protocol as megatron's own linear function: the shard gathers the whole
+weight for the forward (``all_gather_and_prefetch(fwd=True)``) and again for the backward
+(``all_gather_and_prefetch_bwd()``), and takes the whole weight gradient, which it
+reduce-scatters into its ``main_grad`` (``wgrad_reduce_scatter``). The gathered weight is
+quantized at each use and never cached or kept for backward: it is a pooled buffer that other
+weights reuse, and keeping it would undo the point of sharding.
 """
 
 from __future__ import annotations
@@ -77,10 +85,13 @@ class BlockwiseFP8LinearFunction(torch.autograd.Function):
         allreduce_dgrad: bool,
         tp_group,
         gradient_accumulation_fusion: bool,
+        gtp_remat_size: int,
     ) -> torch.Tensor:
         total = _gather_tokens(x, tp_group) if sequence_parallel else x
         x2 = total.reshape(-1, total.shape[-1])
-        q_w = quantized_weight(weight, recipe.fwd_dtype, recipe.scales)
+        sharded = gtp_remat_size > 1
+        full_w = weight.all_gather_and_prefetch(fwd=True) if sharded else weight
+        q_w = quantized_weight(full_w, recipe.fwd_dtype, recipe.scales, cache=not sharded)
         y = gemm(quantize_tiles(x2, recipe.fwd_dtype, recipe.scales), q_w)
         count_gemm("fprop")
         if bias is not None:
@@ -90,7 +101,8 @@ class BlockwiseFP8LinearFunction(torch.autograd.Function):
         q_xt = quantize_tiles(local2.t(), recipe.fwd_dtype, recipe.scales)
         # Made here without a grad_fn, yet activations: an offloader may move them.
         ctx.save_for_backward(mark_activation(q_xt.data), mark_activation(q_xt.scale_inv))
-        ctx.q_w, ctx.weight, ctx.recipe = q_w, weight, recipe
+        ctx.q_w, ctx.weight, ctx.recipe = (None if sharded else q_w), weight, recipe
+        ctx.gtp = sharded
         ctx.x_dtype, ctx.x_shape, ctx.use_bias = x.dtype, x.shape, bias is not None
         ctx.sequence_parallel, ctx.allreduce_dgrad, ctx.tp_group = (
             sequence_parallel,
@@ -98,7 +110,7 @@ class BlockwiseFP8LinearFunction(torch.autograd.Function):
             tp_group,
         )
         ctx.gradient_accumulation_fusion = gradient_accumulation_fusion
-        out = y.to(x.dtype).reshape(*total.shape[:-1], weight.shape[0])
+        out = y.to(x.dtype).reshape(*total.shape[:-1], full_w.shape[0])
         # An output that is a view of a forward intermediate cannot be modified in place by the
         # caller (megatron's vocab-parallel cross entropy does so with the logits).
         return out.clone() if out._is_view() else out
@@ -109,9 +121,14 @@ class BlockwiseFP8LinearFunction(torch.autograd.Function):
         recipe, weight = ctx.recipe, ctx.weight
         dy = grad_output.reshape(-1, grad_output.shape[-1])
         handle = dgrad = None
+        q_w = ctx.q_w
+        if ctx.gtp:  # gathered again, as megatron does (it also prefetches the previous weight)
+            q_w = quantized_weight(
+                weight.all_gather_and_prefetch_bwd(), recipe.fwd_dtype, recipe.scales, cache=False
+            )
         if ctx.needs_input_grad[0]:
             q_dy = quantize_tiles(dy, recipe.bwd_dtype, recipe.scales)
-            dgrad = gemm(q_dy, _transposed(ctx.q_w)).to(ctx.x_dtype)
+            dgrad = gemm(q_dy, _transposed(q_w)).to(ctx.x_dtype)
             count_gemm("dgrad")
         if dgrad is None:
             pass
@@ -134,12 +151,15 @@ class BlockwiseFP8LinearFunction(torch.autograd.Function):
             wgrad = dequantize(q_dyt, torch.float32) @ x_t.t()
         count_gemm("wgrad")
         grad_bias = dy.float().sum(0).to(grad_output.dtype) if ctx.use_bias else None
-        grad_weight = _route_wgrad(ctx, weight, wgrad)
+        if ctx.gtp:  # the shard reduce-scatters into main_grad; returns a dummy or None
+            grad_weight = weight.wgrad_reduce_scatter(wgrad.to(weight.dtype))
+        else:
+            grad_weight = _route_wgrad(ctx, weight, wgrad)
         if handle is not None:
             handle.wait()
         if dgrad is not None:
             dgrad = dgrad.reshape(ctx.x_shape)
-        return dgrad, grad_weight, grad_bias, *([None] * 5)
+        return dgrad, grad_weight, grad_bias, *([None] * 6)
 
 
 def _route_wgrad(ctx, weight: torch.Tensor, wgrad: torch.Tensor) -> torch.Tensor | None:
@@ -164,12 +184,15 @@ def fp8_linear(
     allreduce_dgrad: bool = False,
     tp_group=None,
     gradient_accumulation_fusion: bool = False,
+    gtp_remat_size: int = 1,
 ) -> torch.Tensor:
     """``x @ weight.T + bias`` with blockwise-FP8 forward, dgrad and wgrad (fp32 accumulation).
 
     :param x: ``[..., K]`` input (fp32/bf16/fp16); with ``sequence_parallel`` the local shard
         of the first dimension.
-    :param weight: ``[N, K]``; its 128x128-block FP8 copy is reused within a step.
+    :param weight: ``[N, K]``; its 128x128-block FP8 copy is reused within a step. With
+        ``gtp_remat_size > 1`` a GTP-sharded weight (megatron 0.19) that gathers ``[N, K]``
+        (see the module docstring); ``gradient_accumulation_fusion`` is then the shard's own.
     :param recipe: formats and scale rule (default: E4M3, power-of-two scales).
     """
     return BlockwiseFP8LinearFunction.apply(
@@ -181,4 +204,5 @@ def fp8_linear(
         allreduce_dgrad,
         tp_group,
         gradient_accumulation_fusion,
+        gtp_remat_size,
     )

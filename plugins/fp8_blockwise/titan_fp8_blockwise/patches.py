@@ -12,22 +12,44 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from titan_fp8_blockwise import backend, region, settings
-from titan_plugins.patching import MISSING, MODULE, SUPPORTED_MEGATRON, Patch, Signature
+from titan_fp8_blockwise import region, settings
+from titan_fp8_blockwise.replacements import (
+    GTP_KEYWORDS,
+    KEYWORDS,
+    _backend,
+    te_general_gemm,
+    wrap_forward_impl,
+    wrap_is_te_min_version,
+    wrap_te_checkpoint,
+)
+from titan_plugins.hosts.megatron import SUPPORTED_MEGATRON, megatron_lines
+from titan_plugins.patching import MODULE, Patch, Signature
 
 LAYERS = "megatron.core.tensor_parallel.layers"
 # What the wrapped megatron code must look like (checked on the imported code; a mismatch skips).
-LINEAR_KWARGS = Signature(  # _forward_impl's replacement calls fp8_linear with these keywords
-    of="linear_with_grad_accumulation_and_async_allreduce",
-    params=("input", "weight", "bias", "gradient_accumulation_fusion", "allreduce_dgrad")
-    + ("sequence_parallel", "grad_output_buffer", "tp_group"),
+LINEAR_FN = "linear_with_grad_accumulation_and_async_allreduce"
+LINEAR_PARAMS = ("input", "weight", "bias", "gradient_accumulation_fusion", "allreduce_dgrad")
+LINEAR_PARAMS += ("sequence_parallel", "grad_output_buffer", "tp_group")
+LINEAR_KWARGS = Signature(of=LINEAR_FN, params=LINEAR_PARAMS)  # what fp8_linear is given
+# 0.16-0.18: weights are whole; 0.19: a GTP-sharded weight gathers itself through this protocol.
+WHOLE_WEIGHTS = Signature(of=LINEAR_FN, lacks=("gtp_remat_size",))
+GTP_WEIGHTS = (
+    Signature(of=LINEAR_FN, params=(*LINEAR_PARAMS, "gtp_remat_size")),
+    Signature(
+        of="LinearWithGradAccumulationAndAsyncCommunication.forward",
+        contains=("weight.all_gather_and_prefetch(fwd=True)",),
+    ),
+    Signature(
+        of="LinearWithGradAccumulationAndAsyncCommunication.backward",
+        contains=("all_gather_and_prefetch_bwd()", "wgrad_reduce_scatter(grad_weight)"),
+    ),
 )
 
 
 def _wrap_get_fp8_context(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def get_fp8_context(config: Any, layer_no: int = -1, is_init: bool = False) -> Any:
-        recipe = backend.recipe_for(config)  # validates the shapes on first use
+        recipe = _backend().recipe_for(config)  # validates the shapes on first use
         if recipe is None:
             return original(config, layer_no, is_init)
         if is_init:  # FP8 parameters are not used: master weights stay high precision
@@ -39,47 +61,6 @@ def _wrap_get_fp8_context(original: Callable[..., Any]) -> Callable[..., Any]:
         return region.fp8_region(recipe)
 
     return get_fp8_context
-
-
-def _wrap_forward_impl(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def factory(original: Callable[..., Any]) -> Callable[..., Any]:
-        head_in_fp8 = "output_head" not in settings.high_precision()
-
-        @functools.wraps(original)
-        def _forward_impl(self: Any, input: Any, weight: Any, *args: Any, **kwargs: Any) -> Any:
-            recipe = region.current()
-            if recipe is None and head_in_fp8:  # linears outside transformer layers: the head
-                recipe = backend.recipe_for(self.config)
-            if (
-                recipe is None
-                or args  # megatron passes keywords; anything else is not a call we know
-                or not weight.requires_grad  # frozen weights keep megatron's own path
-                or kwargs.get("grad_output_buffer") is not None  # deferred embedding wgrad
-            ):
-                return original(self, input, weight, *args, **kwargs)
-            region.count(kind + (".expert" if getattr(self, "is_expert", False) else ""))
-            tp_group = kwargs.get("tp_group")
-            needs_group = kwargs.get("sequence_parallel") or kwargs.get("allreduce_dgrad")
-            if tp_group is None and needs_group:
-                from megatron.core import parallel_state
-
-                tp_group = parallel_state.get_tensor_model_parallel_group()
-            from titan_fp8_blockwise.linear import fp8_linear
-
-            return fp8_linear(
-                input,
-                weight,
-                kwargs.get("bias"),
-                recipe,
-                sequence_parallel=bool(kwargs.get("sequence_parallel")),
-                allreduce_dgrad=bool(kwargs.get("allreduce_dgrad")),
-                tp_group=tp_group,
-                gradient_accumulation_fusion=bool(kwargs.get("gradient_accumulation_fusion")),
-            )
-
-        return _forward_impl
-
-    return factory
 
 
 def _wrap_router_gating(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -100,13 +81,20 @@ def _wrap_router_gating(original: Callable[..., Any]) -> Callable[..., Any]:
     return router_gating_linear
 
 
+def _store_aside() -> bool:
+    """Both SwiGLU stores are patched, or megatron's own store serves both (never a mix)."""
+    from titan_fp8_blockwise import features
+
+    return bool(features.missing(features.SWIGLU_STORE))
+
+
 def _wrap_bias_swiglu(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def bias_swiglu_impl(
         input: Any, bias: Any, fp8_input_store: bool = False, cpu_offload_input: bool = False
     ) -> Any:
         recipe = region.current()
-        if not fp8_input_store or recipe is None or cpu_offload_input:
+        if not fp8_input_store or recipe is None or cpu_offload_input or _store_aside():
             return original(input, bias, fp8_input_store, cpu_offload_input)
         region.count("swiglu_store")
         from titan_fp8_blockwise.swiglu_store import stored_swiglu
@@ -122,7 +110,7 @@ def _wrap_weighted_swiglu(original: Callable[..., Any]) -> Callable[..., Any]:
         input: Any, bias: Any, weights: Any, fp8_input_store: bool = False
     ) -> Any:
         recipe = region.current()
-        if not fp8_input_store or recipe is None or bias is not None:
+        if not fp8_input_store or recipe is None or bias is not None or _store_aside():
             return original(input, bias, weights, fp8_input_store)
         region.count("swiglu_store")
         from titan_fp8_blockwise.swiglu_store import stored_swiglu
@@ -130,56 +118,6 @@ def _wrap_weighted_swiglu(original: Callable[..., Any]) -> Callable[..., Any]:
         return stored_swiglu(input, None, weights, recipe)
 
     return weighted_bias_swiglu_impl
-
-
-def _wrap_te_checkpoint(original: Any) -> Callable[..., Any]:
-    def te_checkpoint(
-        forward_func: Callable[..., Any],
-        distribute_saved_activations: bool,
-        get_rng_state_tracker: Any,
-        tp_group: Any,
-        *args: Any,
-        **kwargs: Any,
-    ) -> Any:
-        if original not in (None, MISSING) and backend.resolve_backend() == "te":
-            return original(
-                forward_func,
-                distribute_saved_activations,
-                get_rng_state_tracker,
-                tp_group,
-                *args,
-                **kwargs,
-            )
-        from megatron.core import tensor_parallel
-
-        recipe = region.current()
-
-        def run(*inputs: Any) -> Any:
-            # The recomputation in backward happens outside the caller's FP8 region: re-open it.
-            with region.fp8_region(recipe):
-                return forward_func(*inputs, **kwargs)
-
-        return tensor_parallel.checkpoint(run, distribute_saved_activations, *args)
-
-    return te_checkpoint
-
-
-def _te_general_gemm(original: Any) -> Any:
-    return None if original is MISSING else original
-
-
-def _wrap_is_te_min_version(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def is_te_min_version(version: str, check_equality: bool = True) -> bool:
-        from megatron.core.utils import get_te_version
-
-        if get_te_version() is not None:
-            return original(version, check_equality)
-        # No TE: the MoE FP8 check (TE >= 1.7 handles zero-token experts) is served by the
-        # plugin's layers; any other TE feature is simply absent (instead of a TypeError).
-        return version == "1.7.0.dev0"
-
-    return is_te_min_version
 
 
 def _wrap_config_post_init(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -191,6 +129,17 @@ def _wrap_config_post_init(original: Callable[..., Any]) -> Callable[..., Any]:
         return original(self)
 
     return __post_init__
+
+
+REGISTERED: dict[str, Patch] = {}
+"""id -> the records of the current activation; the engine updates their status in place and
+``features`` judges each feature from them (kept here: features.py loads only when asked)."""
+
+
+def track(records: list[Patch]) -> None:
+    """Remember the records the plugin registered in this activation."""
+    REGISTERED.clear()
+    REGISTERED.update({record.id: record for record in records})
 
 
 def patches() -> list[Patch]:
@@ -234,10 +183,10 @@ def patches() -> list[Patch]:
         Patch(
             id="fp8_blockwise.te_general_gemm",
             target="megatron.core.transformer.moe.moe_utils:te_general_gemm",
-            replace=_te_general_gemm,
+            replace=te_general_gemm,
             create=True,
             rebind_aliases=False,
-            requires=SUPPORTED_MEGATRON,
+            requires=megatron_lines("0.16", "0.16"),  # 0.17+ binds None itself
             signature=Signature(of=MODULE, contains=("if te_general_gemm is not None",)),
             rationale="0.16.1 binds te_general_gemm only when TE imports, but every router "
             "forward reads it: NameError without TE. None selects megatron's torch path.",
@@ -247,31 +196,20 @@ def patches() -> list[Patch]:
         Patch(
             id="fp8_blockwise.te_version_check",
             target="megatron.core.transformer.transformer_config:is_te_min_version",
-            replace=_wrap_is_te_min_version,
+            replace=wrap_is_te_min_version,
             rebind_aliases=False,
             requires=SUPPORTED_MEGATRON,
             signature=Signature(positional=("version", "check_equality")),
-            rationale="MoE + fp8 without TE: is_te_min_version compares None to a Version and "
-            "raises TypeError in TransformerConfig.__post_init__; the plugin serves MoE FP8.",
-            upstream="megatron/core/transformer/transformer_config.py:1599-1605",
+            rationale="MoE + fp8 without TE: TransformerConfig.__post_init__ refuses it "
+            "(0.16: is_te_min_version compares None to a Version, TypeError; 0.17+: "
+            "get_te_version() is 0.0.0, 'Only transformer-engine>=1.7.0 supports MoE FP8'); "
+            "the plugin serves MoE FP8.",
+            upstream="megatron/core/transformer/transformer_config.py:1599-1605 (0.16.1), "
+            ":2294-2300 (0.19); utils.py get_te_version",
             remove_when="megatron-core checks HAVE_TE before comparing TE versions",
         ),
     ]
-    for cls in ("ColumnParallelLinear", "RowParallelLinear"):
-        records.append(
-            Patch(
-                id=f"fp8_blockwise.{cls}",
-                target=f"{LAYERS}:{cls}._forward_impl",
-                replace=_wrap_forward_impl(cls),
-                requires=SUPPORTED_MEGATRON,
-                signature=(Signature(positional=("self", "input", "weight")), LINEAR_KWARGS),
-                rationale=f"Runs local {cls} GEMMs (attention, MLP, SequentialMLP experts, "
-                "output head when allowed) through the blockwise-FP8 linear inside FP8 regions.",
-                upstream=f"megatron/core/tensor_parallel/layers.py {cls}._forward_impl "
-                "-> linear_with_grad_accumulation_and_async_allreduce",
-                remove_when="megatron-core exposes a non-TE quantization backend hook",
-            )
-        )
+    records += _linear_patches()
     for name, factory, params in (
         (
             "bias_swiglu_impl",
@@ -298,27 +236,64 @@ def patches() -> list[Patch]:
                 remove_when="megatron-core stores activation inputs with block scales",
             )
         )
-    for module, create in (
-        ("megatron.core.extensions.transformer_engine", False),
-        ("megatron.core.transformer.transformer_block", False),
-        ("megatron.core.transformer.moe.moe_layer", True),  # bound only when TE imports
+    for module, create, lines in (
+        ("megatron.core.extensions.transformer_engine", False, SUPPORTED_MEGATRON),
+        # 0.18 moved the recompute call to megatron/core/recompute.py (a dead None stays here)
+        ("megatron.core.transformer.transformer_block", False, megatron_lines("0.16", "0.17")),
+        ("megatron.core.recompute", False, megatron_lines("0.18")),  # binds TE's or None
+        ("megatron.core.transformer.moe.moe_layer", True, SUPPORTED_MEGATRON),  # TE binds it
     ):
         records.append(
             Patch(
                 id=f"fp8_blockwise.te_checkpoint.{module.rsplit('.', 1)[-1]}",
                 target=f"{module}:te_checkpoint",
-                replace=_wrap_te_checkpoint,
+                replace=wrap_te_checkpoint,
                 create=create,
                 rebind_aliases=False,
-                requires=SUPPORTED_MEGATRON,
+                requires=lines,
                 signature=Signature(of=MODULE, contains=("te_checkpoint(",)),
                 rationale="With fp8, megatron recomputes (full, 'mlp', 'moe' recompute) through "
                 "te_checkpoint, which is None or raises ImportError without TE; the "
                 "replacement uses tensor_parallel.checkpoint and re-opens the FP8 region for "
                 "the recomputation.",
-                upstream="transformer_block.py:505-520, transformer_layer.py:719-731, "
-                "moe_layer.py:433-442, extensions/transformer_engine.py:2262",
+                upstream="transformer_block.py:505-520 (0.16-0.17), recompute.py:15-18/:134 "
+                "(0.18+), transformer_layer.py:719-731, moe_layer.py:433-442, "
+                "extensions/transformer_engine.py:2262",
                 remove_when="megatron-core has a non-TE quantization backend hook",
             )
         )
+    return records
+
+
+def _linear_patches() -> list[Patch]:
+    """Column/RowParallelLinear._forward_impl, one variant per keyword set megatron passes."""
+    records = []
+    for cls in ("ColumnParallelLinear", "RowParallelLinear"):
+        for suffix, lines, known, signature in (
+            ("", megatron_lines("0.16", "0.18"), KEYWORDS, (LINEAR_KWARGS, WHOLE_WEIGHTS)),
+            (".gtp", megatron_lines("0.19"), GTP_KEYWORDS, GTP_WEIGHTS),
+        ):
+            records.append(
+                Patch(
+                    id=f"fp8_blockwise.{cls}{suffix}",
+                    target=f"{LAYERS}:{cls}._forward_impl",
+                    replace=wrap_forward_impl(cls, known),
+                    requires=lines,
+                    signature=(Signature(positional=("self", "input", "weight")), *signature),
+                    rationale=f"Runs local {cls} GEMMs (attention, MLP, SequentialMLP experts, "
+                    "output head when allowed) through the blockwise-FP8 linear inside FP8 "
+                    "regions"
+                    + (
+                        "; 0.19 passes gtp_remat_size: a GTP-sharded weight is gathered for "
+                        "each GEMM and its gradient reduce-scattered, as megatron's own linear "
+                        "does."
+                        if suffix
+                        else "."
+                    ),
+                    upstream=f"megatron/core/tensor_parallel/layers.py {cls}._forward_impl "
+                    f"-> {LINEAR_FN}"
+                    + (" (gtp_remat_size: 0.19, layers.py:765)" if suffix else ""),
+                    remove_when="megatron-core exposes a non-TE quantization backend hook",
+                )
+            )
     return records

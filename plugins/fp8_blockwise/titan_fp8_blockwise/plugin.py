@@ -17,11 +17,16 @@ from titan_plugins.settings import Setting
 @hookimpl
 def titan_register_patches(register: Callable[[Patch], None]) -> None:
     """Register the FP8 region, linear-layer, router, SwiGLU-store and no-TE fix patches."""
-    from titan_fp8_blockwise import backend
-    from titan_fp8_blockwise.patches import patches
+    import sys
 
-    backend.reset()  # re-read TITAN_FP8_BLOCKWISE_BACKEND on each activation
-    for patch in patches():
+    from titan_fp8_blockwise.patches import patches, track
+
+    backend = sys.modules.get("titan_fp8_blockwise.backend")  # not imported for this
+    if backend is not None:
+        backend.reset()  # re-read TITAN_FP8_BLOCKWISE_BACKEND on each activation
+    records = patches()
+    track(records)  # what each feature needs, judged from these records' status (features.py)
+    for patch in records:
         register(patch)
 
 
@@ -65,10 +70,16 @@ def titan_configure(config: Any) -> None:
 
 @hookimpl
 def titan_report() -> dict[str, Any]:
-    """Backend, knobs, FP8 layer calls by kind and the weight cache's counters."""
-    from titan_fp8_blockwise import backend, effects, settings
+    """Whether the FP8 linear layers run (``active``; else ``inactive_reason``: a patch they
+    need is not applied on this Megatron), each feature's state, backend, knobs, FP8 layer calls
+    by kind and the weight cache's counters."""
+    from titan_fp8_blockwise import backend, effects, features, settings
 
+    aside = features.inactive_reason(features.LINEAR)
     return {
+        "active": aside is None,
+        **({"inactive_reason": aside} if aside else {}),
+        "features": features.status(),
         "backend": backend.resolve_backend(),
         "scales": settings.SCALES.read(),
         "high_precision": sorted(settings.high_precision()),
@@ -79,12 +90,18 @@ def titan_report() -> dict[str, Any]:
 
 
 @hookimpl
-def titan_effects() -> dict[str, int]:
+def titan_effects() -> dict[str, Any]:
     """What ran in FP8 in this process: FP8 GEMMs (all passes and per pass), FP8 layer calls,
-    weight quantizations (see ``titan_fp8_blockwise.effects.effects``)."""
-    from titan_fp8_blockwise import effects
+    weight quantizations (see ``titan_fp8_blockwise.effects.effects``). Where the FP8 linear
+    layers stand aside (a patch they need is not applied on this Megatron): ``stepped_aside``
+    (the patches) and only the counters that are not zero."""
+    from titan_fp8_blockwise import effects, features
 
-    return effects.effects()
+    counts: dict[str, Any] = effects.effects()
+    aside = features.short(features.LINEAR)
+    if aside is None:
+        return counts
+    return {"stepped_aside": aside, **{k: v for k, v in counts.items() if v}}
 
 
 @hookimpl

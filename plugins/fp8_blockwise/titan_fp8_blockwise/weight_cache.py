@@ -29,8 +29,17 @@ def stats() -> dict[str, int]:
     return dict(_state)
 
 
-def quantized_weight(weight: torch.Tensor, fp8_dtype: torch.dtype, scales: str) -> Quantized:
-    """128x128-block quantization of ``weight``, computed at most once per step and version."""
+def quantized_weight(
+    weight: torch.Tensor, fp8_dtype: torch.dtype, scales: str, cache: bool = True
+) -> Quantized:
+    """128x128-block quantization of ``weight``, computed at most once per step and version.
+
+    :param cache: False for a weight that must be quantized at each use (a GTP-gathered weight
+        lives in a pooled buffer that other weights reuse: same storage, same version).
+    """
+    if not cache:
+        _state["misses"] += 1
+        return quantize_blocks(weight.detach(), fp8_dtype, scales)
     key = (_state["epoch"], weight._version, weight.data_ptr(), weight.dtype, fp8_dtype, scales)
     cached = getattr(weight, _ATTR, None)
     if cached is not None and cached[0] == key:
