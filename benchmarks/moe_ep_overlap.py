@@ -51,7 +51,7 @@ def _moe_layer(shape: dict, cpu: bool = True) -> Any:
     import torch
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer.spec_utils import build_module
+    from megatron.core.transformer.spec_utils import ModuleSpec, build_module
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     cfg = TransformerConfig(
@@ -62,8 +62,9 @@ def _moe_layer(shape: dict, cpu: bool = True) -> Any:
         use_cpu_initialization=cpu, add_bias_linear=False, hidden_dropout=0.0,
         bf16=not cpu, params_dtype=torch.float32 if cpu else torch.bfloat16,
     )  # fmt: skip
-    spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts)
-    return build_module(spec.submodules.mlp, config=cfg)
+    mlp = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts).submodules.mlp
+    # From 0.18 the MoE submodule is a functools.partial building the layer, not a ModuleSpec.
+    return build_module(mlp, config=cfg) if isinstance(mlp, ModuleSpec) else mlp(config=cfg)
 
 
 def _inputs(shape: dict, rank: int) -> tuple:
@@ -139,7 +140,8 @@ def plain_task(shape: dict, chunks: int, rounds: int) -> dict:
     """One EP rank on gloo over loopback (a GlooWorkerPool task)."""
     import torch.distributed as dist
 
-    from titan_plugins.testing import plugin_active, tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
+    from titan_plugins.testing import plugin_active
 
     tiny_gpt.init_parallel(ep=2)
     with plugin_active("moe_ep_overlap", env=ENV):
@@ -189,13 +191,14 @@ def link_worker(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from titan_plugins.testing import cpu_harness
+    from titan_plugins.hosts.megatron.testing import cpu_harness
 
     cpu_harness.install()
     import megatron.core  # noqa: F401
     import torch.distributed as dist
 
-    from titan_plugins.testing import plugin_active, tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
+    from titan_plugins.testing import plugin_active
 
     rank = args.link_worker
     # a bounded timeout: if the parent dies the peer must not wait gloo's default 30 minutes
@@ -302,7 +305,8 @@ def sleep_model_task(shape: dict, chunks: int, rounds: int, comm_ratio: float) -
     import torch.distributed as dist
     from titan_moe_ep_overlap import comm
 
-    from titan_plugins.testing import plugin_active, tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
+    from titan_plugins.testing import plugin_active
 
     tiny_gpt.init_parallel(ep=2)
     with plugin_active("moe_ep_overlap", env=ENV):

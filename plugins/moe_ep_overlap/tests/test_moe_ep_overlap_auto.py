@@ -168,9 +168,10 @@ def task_auto_layer(calls: int, seed: int) -> dict:
     call, the same input through the fixed serial path: decisions, counters, max differences."""
     import torch.distributed as dist
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer.spec_utils import build_module
+    from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 
-    from titan_plugins.testing import plugin_active, tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
+    from titan_plugins.testing import plugin_active
 
     tiny_gpt.init_parallel(ep=2)
     env = {"TITAN_MOE_EP_OVERLAP_BACKEND": "torch", "TITAN_MOE_EP_OVERLAP_AUTO": "1"}
@@ -178,8 +179,9 @@ def task_auto_layer(calls: int, seed: int) -> dict:
     with plugin_active("moe_ep_overlap", env=env):
         cfg = tiny_gpt.make_config(num_layers=1, moe_token_dispatcher_type="flex",
                                    moe_router_dtype="fp32", num_moe_experts=4)  # fmt: skip
-        spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts)
-        layer = build_module(spec.submodules.mlp, config=cfg)
+        mlp = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts).submodules.mlp
+        # a ModuleSpec up to 0.17, a builder (functools.partial of MoELayer) from 0.18
+        layer = build_module(mlp, config=cfg) if isinstance(mlp, ModuleSpec) else mlp(config=cfg)
         for p in layer.router.parameters():
             dist.broadcast(p.data, 0)
         gen = torch.Generator().manual_seed(seed + dist.get_rank())

@@ -29,7 +29,7 @@ MICROBATCHES, LAYERS = 4, 2  # tiny_gpt's default layer count at PP=1
 
 
 def _train(dispatcher: str, steps: int, state: dict | None, **overrides) -> tuple:
-    from titan_plugins.testing import tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
 
     cfg = tiny_gpt.make_config(
         moe_token_dispatcher_type=dispatcher, moe_router_dtype="fp32", **overrides
@@ -51,7 +51,7 @@ def _train_counted(steps: int, state: dict) -> tuple:
     from titan_moe_ep_overlap import stats
 
     stats.reset()
-    from titan_plugins.testing import tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
 
     cfg = tiny_gpt.make_config(moe_token_dispatcher_type="flex", moe_router_dtype="fp32")
     assert cfg.moe_flex_dispatcher_backend == "deepep"
@@ -68,7 +68,8 @@ def task_gpt_flex_vs_alltoall(ep: int, chunk_counts: tuple[int, ...], steps: int
     with the counters of each flex run and megatron's DeepEP flag."""
     from megatron.core.transformer.moe import fused_a2a
 
-    from titan_plugins.testing import plugin_active, tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
+    from titan_plugins.testing import plugin_active
 
     tiny_gpt.init_parallel(ep=ep)
     ref_losses, ref_norms, state = _train("alltoall", steps, None)
@@ -85,20 +86,28 @@ def task_gpt_flex_vs_alltoall(ep: int, chunk_counts: tuple[int, ...], steps: int
 
 
 def task_gpt_ep_overlap(steps: int) -> dict:
-    """bf16 flex+ours with megatron's combined-1F1B EP overlap on/off, 1 and 4 chunks."""
-    from titan_plugins.testing import plugin_active, tiny_gpt
+    """bf16 flex+ours with megatron's combined-1F1B EP overlap on/off, 1 and 4 chunks, with
+    what the plugin's effects table says for each run."""
+    from titan_moe_ep_overlap import plugin, stats, upstream_paths
+
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
+    from titan_plugins.testing import plugin_active
 
     tiny_gpt.init_parallel(ep=2)
     bf16 = dict(bf16=True, params_dtype=torch.bfloat16)
     out, state = {}, None
+    upstream_paths.reset()
     with plugin_active("moe_ep_overlap", env=FIXED):
         for overlap in (False, True):
             for count in (1, 4):
                 os.environ["TITAN_MOE_EP_OVERLAP_CHUNKS"] = str(count)
+                stats.reset()
                 losses, norms, state = _train(
                     "flex", steps, state, overlap_moe_expert_parallel_comm=overlap, **bf16
                 )
                 out[(overlap, count)] = (losses, norms)
+                out[("effects", overlap, count)] = plugin.titan_effects()
+    upstream_paths.reset()
     return out
 
 
@@ -166,6 +175,14 @@ def test_gpt_with_megatron_ep_overlap(gloo_pool2) -> None:
     grad norm (bf16 gradients) within one bf16 ulp, 2**-8 relative (observed ~1.5e-4).
     """
     for res in gloo_pool2.run(task_gpt_ep_overlap, 2):
+        for count in (1, 4):
+            # megatron's overlap schedules dispatch and combine itself, on our backend: the
+            # plugin composes (says so) and its pipeline never runs; without it, 4 chunks do
+            ours, theirs = res[("effects", False, count)], res[("effects", True, count)]
+            calls = 2 * MICROBATCHES * LAYERS  # 2 steps
+            assert "composes_with" not in ours and ours["pipelined_calls"] == (count > 1) * calls
+            assert theirs["composes_with"] == "overlap_moe_expert_parallel_comm", theirs
+            assert theirs["pipelined_calls"] == 0 and theirs["api_dispatches"] > 0, theirs
         assert res[(True, 1)] == res[(False, 1)], res
         assert res[(True, 4)] == res[(True, 1)], res  # overlap path never chunks
         (losses, norms), (ref_losses, ref_norms) = res[(False, 4)], res[(False, 1)]

@@ -23,6 +23,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from titan_plugins.hosts.megatron.testing.model_state import outputs_and_grads
+
 EPS32 = torch.finfo(torch.float32).eps
 # our backend, and the configured chunk count on every call (no automatic serial fallback)
 FIXED = {"TITAN_MOE_EP_OVERLAP_BACKEND": "torch", "TITAN_MOE_EP_OVERLAP_AUTO": "0"}
@@ -42,15 +44,17 @@ CHUNKS = (1, 2, 4)
 
 
 def _build_layer(cfg):
+    """megatron's MoE layer of the local GPT spec: a ModuleSpec up to 0.17, a builder
+    (``functools.partial`` of ``MoELayer``) from 0.18."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer.spec_utils import build_module
+    from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 
-    spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts)
-    return build_module(spec.submodules.mlp, config=cfg)
+    mlp = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts).submodules.mlp
+    return build_module(mlp, config=cfg) if isinstance(mlp, ModuleSpec) else mlp(config=cfg)
 
 
 def _config(ep: int, case: tuple, dispatcher: str):
-    from titan_plugins.testing import tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
 
     experts, topk, capacity, pad, shared, _, recompute = case
     extra = {}
@@ -87,22 +91,16 @@ def _inputs(seed: int, skew: bool, even: bool) -> tuple[torch.Tensor, torch.Tens
     return x, torch.randn(x.shape, generator=gen)
 
 
-def _run(layer, x: torch.Tensor, weight: torch.Tensor) -> dict[str, torch.Tensor]:
-    layer.zero_grad(set_to_none=True)
-    x = x.clone().requires_grad_(True)
-    out, _ = layer(x)
-    (out * weight).sum().backward()
-    grads = {n: p.grad.clone() for n, p in layer.named_parameters() if p.grad is not None}
-    return {"out": out.detach(), "dx": x.grad, **grads}
-
-
 def task_layer_matrix(ep: int, cases: list[tuple], chunks: tuple[int, ...], seed: int) -> list:
     """For each case: stock alltoall layer vs our flex layer per chunk count.
 
     Returns per case and chunk count ``{quantity: max |diff|}`` plus the allowed bound of each
-    expert weight gradient.
+    expert weight gradient, and per chunk count the path the layer call took.
     """
-    from titan_plugins.testing import plugin_active, tiny_gpt
+    from titan_moe_ep_overlap import stats
+
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
+    from titan_plugins.testing import plugin_active
 
     tiny_gpt.init_parallel(ep=ep)
     results = []
@@ -120,15 +118,19 @@ def task_layer_matrix(ep: int, cases: list[tuple], chunks: tuple[int, ...], seed
             flex_layer = _build_layer(_config(ep, case, "flex"))
             flex_layer.load_state_dict(ref_layer.state_dict())
             x, weight = _inputs(seed + index, case[5], even=case[3])
-            ref = _run(ref_layer, x, weight)
-            per_chunks = {}
+            ref = outputs_and_grads(ref_layer, x, weight)
+            per_chunks, paths = {}, {}
             for count in chunks:
                 os.environ["TITAN_MOE_EP_OVERLAP_CHUNKS"] = str(count)
-                ours = _run(flex_layer, x, weight)
+                stats.reset()
+                ours = outputs_and_grads(flex_layer, x, weight)
+                counts = stats.counts()
+                paths[count] = (counts["pipelined_calls"], counts["serial_calls"])
                 assert ours.keys() == ref.keys(), (ours.keys(), ref.keys())
                 per_chunks[count] = {k: (ours[k] - ref[k]).abs().max().item() for k in ref}
             scale = {k: ref[k].abs().max().item() for k in ref}
-            results.append({"diffs": per_chunks, "scale": scale, "time": time.perf_counter() - t0})
+            results.append({"diffs": per_chunks, "scale": scale, "paths": paths,
+                            "time": time.perf_counter() - t0})  # fmt: skip
     return results
 
 
@@ -140,6 +142,9 @@ def _exact(case: tuple, chunks: int) -> bool:
 
 def _check(results: list) -> None:
     for case, result in zip(LAYER_CASES, results):
+        # the path asked for ran, on every Megatron line: the pipeline with n > 1 chunks
+        # (megatron's forward alone would match the reference too), its own serial path with 1
+        assert result["paths"] == {n: (int(n > 1), int(n == 1)) for n in CHUNKS}, (case, result)
         for count, diffs in result["diffs"].items():
             for key, diff in diffs.items():
                 if _exact(case, count):
@@ -166,7 +171,10 @@ def task_tp2_ep2(chunks: tuple[int, ...], seed: int) -> dict:
     """TP=2 x EP=2 with sequence parallelism: the flex dispatcher's group is TP x EP. Reference:
     the same flex layer unchunked (megatron's alltoall dispatcher cannot run TP>1 on gloo: it
     all-gathers uneven token counts, which gloo does not support)."""
-    from titan_plugins.testing import plugin_active, tiny_gpt
+    from titan_moe_ep_overlap import stats
+
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
+    from titan_plugins.testing import plugin_active
 
     tiny_gpt.init_parallel(tp=2, ep=2)
     out = {}
@@ -180,13 +188,15 @@ def task_tp2_ep2(chunks: tuple[int, ...], seed: int) -> dict:
             dist.broadcast(p.data, 0)
         x, weight = _inputs(seed, False, even=True)
         os.environ["TITAN_MOE_EP_OVERLAP_CHUNKS"] = "1"
-        ref = _run(layer, x, weight)
+        ref = outputs_and_grads(layer, x, weight)
         for count in chunks:
             os.environ["TITAN_MOE_EP_OVERLAP_CHUNKS"] = str(count)
-            ours = _run(layer, x, weight)
+            stats.reset()
+            ours = outputs_and_grads(layer, x, weight)
             out[count] = {
                 k: ((ours[k] - ref[k]).abs().max().item(), ref[k].abs().max().item()) for k in ref
             }
+            out[count]["pipelined_calls"] = (stats.counts()["pipelined_calls"], 1)
     return out
 
 
@@ -195,5 +205,6 @@ def test_moe_layer_tp2_ep2_chunked_equals_unchunked(gloo_pool4) -> None:
     """Chunked vs unchunked: within 16 ulps of the largest element (see the module docstring)."""
     for res in gloo_pool4.run(task_tp2_ep2, (2, 4), 31):
         for count, diffs in res.items():
+            assert diffs.pop("pipelined_calls") == (1, 1), (count, diffs)  # the pipeline ran
             for key, (diff, scale) in diffs.items():
                 assert diff <= ULPS * EPS32 * scale, (count, key, diff)

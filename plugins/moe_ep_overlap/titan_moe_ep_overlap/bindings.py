@@ -121,22 +121,48 @@ ENTRY_POINTS = {
 }
 
 
-def moe_forward(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Patch factory for ``MoELayer.forward``: megatron's forward for every dispatcher but flex,
-    and the pipelined forward (imported on the first flex call) for flex."""
-    pipelined: list[Callable[..., Any]] = []
+def moe_forward(line: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Patch factory of ``MoELayer.forward`` for megatron-core ``line``: megatron's forward for
+    every dispatcher but flex, and for flex the pipelined forward that follows that line's
+    forward (``moe_forward.RULES``; imported on the first flex call)."""
 
-    def forward(
-        self: Any, hidden_states: Any, intermediate_tensors: Any = None, padding_mask: Any = None
-    ) -> Any:
-        if self.config.moe_token_dispatcher_type != _FLEX:
-            return original(self, hidden_states, intermediate_tensors, padding_mask)
-        if not pipelined:
-            from titan_moe_ep_overlap.moe_forward import make_forward
+    def factory(original: Callable[..., Any]) -> Callable[..., Any]:
+        pipelined: list[Callable[..., Any]] = []
 
-            pipelined.append(make_forward(original))
-        return pipelined[0](self, hidden_states, intermediate_tensors, padding_mask)
+        def forward(
+            self: Any,
+            hidden_states: Any,
+            intermediate_tensors: Any = None,
+            padding_mask: Any = None,
+        ) -> Any:
+            if self.config.moe_token_dispatcher_type != _FLEX:
+                return original(self, hidden_states, intermediate_tensors, padding_mask)
+            if not pipelined:
+                from titan_moe_ep_overlap.moe_forward import make_forward
 
-    forward.__wrapped__ = original  # type: ignore[attr-defined]
-    forward.__doc__ = original.__doc__
-    return forward
+                pipelined.append(make_forward(original, line))
+            return pipelined[0](self, hidden_states, intermediate_tensors, padding_mask)
+
+        forward.__wrapped__ = original  # type: ignore[attr-defined]
+        forward.__doc__ = original.__doc__
+        return forward
+
+    return factory
+
+
+def moe_layer_init(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Patch factory of ``MoELayer.__init__``: megatron's constructor, then the layer's config
+    tells the plugin whether the job selected one of Megatron's own paths that overlap the
+    plugin's (``upstream_paths``), so the report says so even where that path never calls
+    ``MoELayer.forward`` (the combined-1F1B EP overlap)."""
+
+    def __init__(self: Any, config: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, config, *args, **kwargs)
+        if getattr(config, "moe_token_dispatcher_type", None) == _FLEX:
+            from titan_moe_ep_overlap import upstream_paths
+
+            upstream_paths.note_config(config)
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    __init__.__doc__ = original.__doc__
+    return __init__

@@ -1,4 +1,4 @@
-"""The plugin's patch records: where megatron-core 0.16 looks the names up, and why.
+"""The plugin's patch records: where megatron-core 0.16-0.19 looks the names up, and why.
 
 Importing this module (and applying its records while ``import megatron.core`` runs) loads none
 of the backend or the pipeline: the replacements are the stand-ins and entry points of
@@ -14,22 +14,58 @@ from collections.abc import Callable
 from typing import Any
 
 from titan_moe_ep_overlap import bindings
-from titan_plugins.patching import MISSING, MODULE, SUPPORTED_MEGATRON, Patch, Signature
+from titan_plugins.hosts.megatron import SUPPORTED_MEGATRON, megatron_lines
+from titan_plugins.patching import MISSING, MODULE, Patch, Signature
 
 FUSED_A2A = "megatron.core.transformer.moe.fused_a2a"
 TOKEN_DISPATCHER = "megatron.core.transformer.moe.token_dispatcher"
 MOE_LAYER = "megatron.core.transformer.moe.moe_layer"
 # What moe_forward's chunked body calls on the layer, and how (checked on the imported code).
-MOE_FORWARD = Signature(
-    positional=("self", "hidden_states", "intermediate_tensors", "padding_mask"),
-    contains=(
-        "self.shared_experts_compute(hidden_states)",
-        "self.route(hidden_states, padding_mask)",
-        "self.preprocess(hidden_states, probs, routing_map)",
-        "self.routed_experts_compute(",
-        "self.postprocess(output, shared_expert_output)",
-    ),
+_CALLS = (
+    "self.shared_experts_compute(hidden_states)",
+    "self.route(hidden_states, padding_mask)",
+    "self.preprocess(hidden_states, probs, routing_map)",
+    "self.routed_experts_compute(",
+    "self.postprocess(output, shared_expert_output)",
 )
+_FORWARD_PARAMS = ("self", "hidden_states", "intermediate_tensors", "padding_mask")
+_RECOMPUTE_ALWAYS = "if self.moe_layer_recompute:"  # 0.16: in every mode
+_RECOMPUTE_TRAINING = "self.moe_layer_recompute and self.training"  # 0.17+: in training only
+_INFERENCE_SWITCH = ("InferenceMode.is_active()", "self._training_token_dispatcher")  # 0.18+
+_ZERO_COPY = "self.token_dispatcher.get_expert_zero_copy_buffers()"  # 0.19
+_WGRAD_OVERLAP = "self.config.overlap_dispatch_backward_with_experts_wgrad"  # 0.18+
+# What each line's forward does, as far as the pipelined forward must do it too
+# (moe_forward.RULES); a fork that changed one of them is skipped, not silently served.
+MOE_FORWARD = {
+    "0.16": (Signature(positional=_FORWARD_PARAMS, contains=(*_CALLS, _RECOMPUTE_ALWAYS),
+                       lacks=(_RECOMPUTE_TRAINING, _INFERENCE_SWITCH[0])),),
+    "0.17": (Signature(positional=_FORWARD_PARAMS, contains=(*_CALLS, _RECOMPUTE_TRAINING),
+                       lacks=(_INFERENCE_SWITCH[0],)),),
+    "0.18": (Signature(positional=_FORWARD_PARAMS, attrs=("InferenceMode",),
+                       contains=(*_CALLS, _RECOMPUTE_TRAINING, *_INFERENCE_SWITCH)),
+             # the dispatch-backward/wgrad overlap the pipeline stands aside for
+             Signature(of="MoELayer.routed_experts_compute", contains=(_WGRAD_OVERLAP,),
+                       lacks=(_ZERO_COPY,))),
+    "0.19": (Signature(positional=_FORWARD_PARAMS, attrs=("InferenceMode",),
+                       contains=(*_CALLS, _RECOMPUTE_TRAINING, *_INFERENCE_SWITCH)),
+             # the per-chunk expert step runs megatron's own routed_experts_compute: its
+             # zero-copy buffers (None for DeepEP) and the flex dispatcher's per-expert counts,
+             # which the permute of 0.19's _DeepepManager reads and returns (with pad_offsets)
+             Signature(of="MoELayer.routed_experts_compute",
+                       contains=(_WGRAD_OVERLAP, _ZERO_COPY)),
+             Signature(of="MoEFlexTokenDispatcher.dispatch_postprocess",
+                       contains=("self._comm_manager.get_number_of_tokens_per_expert()",))),
+}  # fmt: skip
+_FORWARD_UPSTREAM = {
+    "0.16": "moe_layer.py:357-444 (serial route->dispatch->experts->combine; recompute in "
+    "every mode)",
+    "0.17": "moe_layer.py:524-617 (0.17.1: recomputes only when self.training, :599)",
+    "0.18": "moe_layer.py:598-703 (0.18.2: selects the inference or training dispatcher first, "
+    ":628-637, recompute in training :685; overlap_dispatch_backward_with_experts_wgrad in preprocess / "
+    "routed_experts_compute)",
+    "0.19": "moe_layer.py:607-712 (0.19.2: as 0.18, :637-646; routed_experts_compute passes zero-copy "
+    "buffers, :549-559; _DeepepManager's permute returns pad_offsets / tokens_per_expert)",
+}
 # fused_a2a's autograd functions read the DeepEP names from module globals at call time.
 FUSED_A2A_USERS = Signature(attrs=("FusedDispatch", "FusedCombine", "get_buffer"))
 _REMOVE = "never while megatron-core gates its flex/DeepEP path on `import deep_ep`"
@@ -143,13 +179,38 @@ def records() -> list[Patch]:
         "derived from it, bound above)",
         remove_when=_REMOVE,
     ))  # fmt: skip
+    out += _forward_records()
+    return out
+
+
+def _forward_records() -> list[Patch]:
+    """The pipelined ``MoELayer.forward``, one record per Megatron line (each line's forward
+    differs in what the pipeline must keep: ``moe_forward.RULES``), and ``MoELayer.__init__``,
+    where each flex layer's config says whether the job selected Megatron's own overlap."""
+    out = []
+    for line, signature in MOE_FORWARD.items():
+        out.append(Patch(
+            id="moe_ep_overlap.moe_layer_forward" + ("" if line == "0.16" else
+                                                      f".line_{line.replace('.', '_')}"),
+            target=f"{MOE_LAYER}:MoELayer.forward", replace=bindings.moe_forward(line),
+            requires=megatron_lines(line, line), signature=signature,
+            rationale="pipeline dispatch / expert compute / combine over token chunks in the "
+            "flex (DeepEP) path so the all-to-alls overlap expert compute within one "
+            f"micro-batch, keeping what megatron-core {line}'s forward does (recompute rule, "
+            "dispatcher choice); Megatron's own overlapping paths run its forward",
+            upstream=f"megatron/core/transformer/moe/{_FORWARD_UPSTREAM[line]}",
+            remove_when="megatron-core pipelines the MoE layer's all-to-alls inside a micro-batch",
+        ))  # fmt: skip
     out.append(Patch(
-        id="moe_ep_overlap.moe_layer_forward", target=f"{MOE_LAYER}:MoELayer.forward",
-        replace=bindings.moe_forward, requires=SUPPORTED_MEGATRON, signature=MOE_FORWARD,
-        rationale="pipeline dispatch / expert compute / combine over token chunks in the flex "
-        "(DeepEP) path so the all-to-alls overlap expert compute within one micro-batch",
-        upstream="megatron/core/transformer/moe/moe_layer.py:357-444 (serial route->dispatch->"
-        "experts->combine)",
-        remove_when="megatron-core pipelines the MoE layer's all-to-alls inside a micro-batch",
+        id="moe_ep_overlap.moe_layer_init", target=f"{MOE_LAYER}:MoELayer.__init__",
+        replace=bindings.moe_layer_init, requires=SUPPORTED_MEGATRON,
+        signature=Signature(positional=("self", "config")),
+        rationale="each flex MoE layer's config, as it is built, tells the report and the "
+        "effects table whether the job selected Megatron's own path that overlaps the "
+        "plugin's (HybridEP / NCCL EP, combined-1F1B EP overlap, dispatch-backward/wgrad or "
+        "shared-expert overlap): the combined-1F1B schedule never calls MoELayer.forward",
+        upstream="megatron/core/transformer/moe/moe_layer.py MoELayer.__init__ (config-driven "
+        "choice of dispatcher and overlap)",
+        remove_when="megatron-core reports which MoE overlap path a layer takes",
     ))  # fmt: skip
     return out

@@ -61,8 +61,9 @@ def titan_configure(config: Any) -> None:
 
 @hookimpl
 def titan_report() -> dict[str, Any]:
-    """Backend in use and why, the chunk count, the DeepEP flag megatron sees, and what the
-    backend and the pipeline did in this process (``effects``)."""
+    """Backend in use and why, the chunk count, the DeepEP flag megatron sees, where the plugin
+    stands aside or composes with Megatron's own path (``step_aside``, ``upstream_paths``), and
+    what the backend and the pipeline did in this process (``effects``)."""
     import sys
 
     from titan_moe_ep_overlap import effects, selection, settings
@@ -74,7 +75,11 @@ def titan_report() -> dict[str, Any]:
         chosen = selection.select_backend()
     except Exception as err:  # STRICT turns an unusable deep_ep into an error; report it
         return {"backend": "error", "why": str(err), "effects": effects()}
+    aside, composes = _standing()
     return {
+        "active": not aside,
+        **({"inactive_reason": "; ".join(why for _, why in aside)} if aside else {}),
+        **({"composes_with": "; ".join(why for _, why in composes)} if composes else {}),
         "backend": chosen.backend,
         "why": chosen.detail,
         "chunks": settings.CHUNKS.read(),
@@ -84,14 +89,41 @@ def titan_report() -> dict[str, Any]:
     }
 
 
+def _standing() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """``(stepped aside, composes with)``, each a list of ``(short, sentence)``: the layout
+    Megatron refuses the flex path in, and the Megatron paths this process's layers took."""
+    from titan_moe_ep_overlap import step_aside, upstream_paths
+
+    layout = step_aside.reason()
+    aside = [(step_aside.SHORT, layout)] if layout else []
+    composes = []
+    for deferral in upstream_paths.seen():
+        (composes if deferral.composes else aside).append((deferral.option, deferral.sentence()))
+    return aside, composes
+
+
 @hookimpl
 def titan_effects() -> dict[str, Any]:
     """This rank's counters (flat): DeepEP-API dispatches/combines served by our backend, MoE
-    layer calls pipelined or serial, chunks/dispatches/combines the pipeline issued, and the
-    automatic choice's decisions (``stats.FIELDS``)."""
+    layer calls pipelined, serial or handed to megatron's own forward, chunks/dispatches/combines
+    the pipeline issued, and the automatic choice's decisions (``stats.FIELDS``). Where nothing
+    of the plugin runs - Megatron refuses the flex dispatcher in this layout (``step_aside``), or
+    the job selected Megatron's own dispatcher (HybridEP / NCCL EP) - ``stepped_aside`` names
+    why and only the counters that are not zero follow, so the table does not show a row of
+    zeros as if the plugin had run; where the backend serves Megatron's own overlap and the
+    chunk pipeline stands aside, ``composes_with`` names that option."""
     from titan_moe_ep_overlap import stats
 
-    return stats.counts()
+    counts: dict[str, Any] = stats.counts()
+    aside, composes = _standing()
+    if aside:
+        counts = {
+            "stepped_aside": ", ".join(short for short, _ in aside),
+            **{k: v for k, v in counts.items() if v},
+        }
+    if composes:
+        counts = {"composes_with": ", ".join(short for short, _ in composes), **counts}
+    return counts
 
 
 @hookimpl

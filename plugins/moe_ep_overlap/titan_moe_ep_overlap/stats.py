@@ -13,9 +13,11 @@ from typing import Any
 FIELDS = {
     "api_dispatches": "DeepEP-API Buffer.dispatch calls served by our backend (any caller)",
     "api_combines": "DeepEP-API Buffer.combine calls served by our backend (any caller)",
-    "layer_calls": "flex/DeepEP MoELayer forward calls seen by the plugin's forward",
+    "layer_calls": "flex MoELayer forward calls seen by the plugin's forward",
     "pipelined_calls": "of those, calls that ran the chunked overlap pipeline",
     "serial_calls": "of those, calls left to megatron's unchunked flex path (1 chunk)",
+    "upstream_calls": "of those, calls handed to megatron's own forward where it does what the "
+    "pipeline does not (its own overlap or dispatcher: upstream_paths; its inference dispatcher)",
     "chunks": "token chunks the pipeline issued (forward)",
     "pipeline_dispatches": "dispatches the pipeline issued (forward + gradient re-dispatch)",
     "pipeline_combines": "combines the pipeline issued (forward + gradient combine)",
