@@ -51,7 +51,8 @@ def memory_task(parallel: dict, nmb: int) -> dict[str, Any]:
     )
     from titan_act_offload import runtime
 
-    from titan_plugins.testing import plugin_active, tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
+    from titan_plugins.testing import plugin_active
 
     layers = 4 * parallel.get("vpp", 1)
     row: dict[str, Any] = {}
@@ -115,7 +116,8 @@ def time_task(rounds: int, steps: int, nmb: int) -> dict[str, list[float]]:
         PipelineOffloadManager,
     )
 
-    from titan_plugins.testing import plugin_active, tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
+    from titan_plugins.testing import plugin_active
 
     tiny_gpt.SEQ = 128  # bigger tokens per microbatch so compute, not Python, dominates
     tiny_gpt.init_parallel()
@@ -192,7 +194,8 @@ def demo_task(steps: int) -> dict[str, Any]:
     from megatron.core import parallel_state as ps
 
     from titan_plugins import report
-    from titan_plugins.testing import plugin_active, tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
+    from titan_plugins.testing import plugin_active
 
     installed = sorted(ep.name for ep in metadata.entry_points(group="titan_plugins"))
     tiny_gpt.init_parallel(pp=2, ep=2)

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from titan_plugins.testing import plugin_active, tiny_gpt
+from titan_plugins.hosts.megatron.testing import tiny_gpt
+from titan_plugins.testing import plugin_active
 
 pytestmark = pytest.mark.multiprocess
 
@@ -23,7 +24,7 @@ BASE_ENV = {"TITAN_ACT_OFFLOAD_MIN_BYTES": "0"}  # the tiny model's tensors are 
 
 
 def _grads(chunks: list) -> dict[str, torch.Tensor]:
-    from titan_plugins.testing.model_state import named_global_parameters
+    from titan_plugins.hosts.megatron.testing.model_state import named_global_parameters
 
     return {name: p.main_grad.detach().clone() for name, p in named_global_parameters(chunks)}
 
@@ -279,7 +280,9 @@ def test_offload_stays_out_of_ep_overlap_schedules(gloo_pool2):
     results = gloo_pool2.run(offload_task, {"ep": 2}, overrides, 2, {"off": None, "on": {}})
     for result in results:
         assert_identical(result["off"], result["on"])
-        assert result["on"]["stats"] is None and result["on"]["effects"] == {}
+        assert result["on"]["stats"] is None
+        # It says so in the effects table instead of leaving the row empty.
+        assert result["on"]["effects"] == {"stepped_aside": "overlap_moe_expert_parallel_comm"}
         assert any("overlap_moe_expert_parallel_comm" in w for w in result["on"]["warnings"])
 
 
@@ -311,5 +314,31 @@ def test_offload_report_says_inactive_on_an_unsupported_megatron(gloo_pool1):
     assert "skipped" in result["statuses"] and "applied" not in result["statuses"]
     report = result["report"]
     assert report["active"] is False
-    assert "0.15.3" in report["why"] and "outside" in report["why"]
+    assert "0.15.3" in report["inactive_reason"] and "outside" in report["inactive_reason"]
     assert result["effects"] == {}
+
+
+def expert_records_task() -> dict[str, Any]:
+    """Status of each ``experts`` block record on the installed line, and its line's version."""
+    import megatron.core.transformer.moe.experts  # noqa: F401  (the records' module, imported)
+    from megatron.core import package_info
+
+    with plugin_active("act_offload", {"TITAN_ACT_OFFLOAD_MODULES": "experts"}) as engine:
+        statuses = {p.id: (p.status, p.detail) for p in engine.patches()}
+    return {"version": package_info.__version__, "statuses": statuses}
+
+
+def test_each_expert_record_declares_the_lines_it_serves(gloo_pool1):
+    # GroupedMLP (the legacy grouped GEMM) is gone from 0.17 (upstream commit 2caa681a1d): its
+    # record is written for 0.16 and says so on later lines, instead of a skip that reads like a
+    # missing module; SequentialMLP is wrapped on every line.
+    (result,) = gloo_pool1.run(expert_records_task)
+    line = tuple(int(p) for p in result["version"].split(".")[:2])
+    statuses = result["statuses"]
+    assert statuses["act_offload.block.experts.SequentialMLP.forward"][0] == "applied"
+    grouped, detail = statuses["act_offload.block.experts.GroupedMLP.forward"]
+    if line < (0, 17):
+        assert grouped == "applied"
+    else:
+        assert grouped == "other line", detail
+        assert "<0.17" in detail and result["version"] in detail

@@ -2,8 +2,8 @@
 
 A *unit* is one (model chunk, microbatch) forward whose saved activations live until the
 matching backward. The schedule of a stage is a sequence of events ``F(unit)`` / ``B(unit)``
-(:mod:`titan_plugins.schedule`, the project's one model of megatron's warm-up / steady /
-cool-down order, checked against the real schedules there); the number of events between a
+(:mod:`titan_plugins.hosts.megatron.schedule`, the project's one model of megatron's warm-up /
+steady / cool-down order, checked against the real schedules there); the number of events between a
 unit's forward and its backward (its *gap*) is how long its activations wait. The plan offloads
 the units that wait at least ``min_gap`` events (longest first when a host budget limits how many
 fit) and prefetches each offloaded unit at the start of the event just before its backward, in
@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from titan_plugins.schedule import (
+from titan_plugins.hosts.megatron.schedule import (
     FORWARD,
     INTERLEAVED,
     KINDS,
@@ -50,8 +50,8 @@ __all__ = [
 def schedule_events(kind: str, *layout: Any, **options: Any) -> list[Event]:
     """The forward/backward order megatron-core runs on one pipeline rank, as a list.
 
-    Same arguments as the core's :func:`~titan_plugins.schedule.pipeline_schedule`: ``kind``
-    (one of :data:`KINDS`), pipeline size and rank, microbatches, model chunks and the
+    Same arguments as the core's
+    :func:`~titan_plugins.hosts.megatron.schedule.pipeline_schedule`: ``kind`` (one of :data:`KINDS`), pipeline size and rank, microbatches, model chunks and the
     interleaved schedule's ``group_size`` (default the pipeline size, as megatron's config).
     Raises ValueError for a layout megatron refuses.
     """

@@ -91,38 +91,33 @@ def titan_memory_effect(layout: Any) -> Any:
 
 @hookimpl
 def titan_configure(config: Any) -> None:
-    """Say how megatron's own activation-memory features combine with this plugin."""
+    """Say how megatron's own activation-memory features combine with this plugin (stepped
+    aside, or composed with: ``upstream.py``), before the first schedule runs."""
     runtime = _runtime.current()
     if runtime is None:
         return
-    if getattr(config, "overlap_moe_expert_parallel_comm", False):
-        runtime.warn_once(
-            "ep_overlap",
-            "act_offload: overlap_moe_expert_parallel_comm (combined 1F1B) is on; those "
-            "schedules run without activation offload.",
-        )
-    if getattr(config, "fine_grained_activation_offloading", False) or getattr(
-        config, "cpu_offloading", False
-    ):
-        runtime.warn_once(
-            "megatron_offload",
-            "act_offload: megatron's own activation offloading is on as well; tensors its "
-            "hooks save are left to it, this plugin offloads the rest of the selected blocks.",
-        )
+    from titan_act_offload.upstream import standing
+
+    position = standing(config, runtime.settings.modules)
+    runtime.upstream.note(position, counted=False)
+    for flag, sentence in ((position.aside,) if position.aside else ()) + position.composes:
+        runtime.warn_once(flag, f"act_offload: {sentence}")
 
 
 @hookimpl
 def titan_report() -> dict[str, Any]:
-    """Whether the plugin acts (and why not), its settings, its counters (``stats``,
-    ``host_pool``), the saved tensors it left alone per reason (``skipped``), and why nothing
-    was offloaded when nothing was."""
+    """Whether the plugin acts (and ``inactive_reason`` when not), its settings, its counters
+    (``stats``, ``host_pool``), where it stood aside for or composed with Megatron's own
+    features (``stepped_aside``: schedule calls per flag, ``composes_with``: a sentence each),
+    the saved tensors it left alone per reason (``skipped``), and why nothing was offloaded
+    when nothing was."""
     runtime = _runtime.current()
     if runtime is None:
-        return {"active": False, "why": "not activated in this process"}
+        return {"active": False, "inactive_reason": "not activated in this process"}
     why = _inactive_reason(runtime)
     report: dict[str, Any] = {"active": not why}
     if why:
-        report["why"] = why
+        report["inactive_reason"] = why
     report.update(runtime.report())
     report["skipped"] = runtime.skipped()
     why_none = runtime.why_nothing_moved()
@@ -132,10 +127,11 @@ def titan_report() -> dict[str, Any]:
 
 
 @hookimpl
-def titan_effects() -> dict[str, int]:
+def titan_effects() -> dict[str, Any]:
     """What the plugin did in this process: bytes offloaded and reloaded, the peak of the stage's
     device-resident saved activations with and without offload (``peak_saved_bytes`` /
-    ``peak_saved_bytes_without``), units offloaded, tensors skipped (see ``Runtime.effects``)."""
+    ``peak_saved_bytes_without``), units offloaded, tensors skipped; ``stepped_aside`` /
+    ``composes_with`` next to Megatron's own features (see ``Runtime.effects``)."""
     runtime = _runtime.current()
     return runtime.effects() if runtime is not None else {}
 
@@ -145,13 +141,16 @@ def _inactive_reason(runtime: _runtime.Runtime) -> str:
     hooks are in place; else what stops it (e.g. an unsupported megatron-core)."""
     if not runtime.settings.modules:
         return "TITAN_ACT_OFFLOAD_MODULES selects no block"
+    if not runtime.started and runtime.upstream.reason():
+        return runtime.upstream.reason()  # stood aside for Megatron's own feature (upstream.py)
     from titan_plugins.activation import active
-    from titan_plugins.patching import APPLIED, PENDING
+    from titan_plugins.patching import APPLIED, OTHER_LINE, PENDING
 
     state = active()
     patches = state.engine.patches() if state is not None and state.engine is not None else []
     hooks = [p for p in patches if p.id.startswith(_CORE_HOOK_PATCHES)]
-    missing = next((p for p in hooks if p.status not in (APPLIED, PENDING)), None)
+    # A hook written for another Megatron line (e.g. 0.19's multi-module backward) is not missing.
+    missing = next((p for p in hooks if p.status not in (APPLIED, PENDING, OTHER_LINE)), None)
     if missing is not None:
         return f"the core's training-loop hook {missing.id} is {missing.status}: {missing.detail}"
     if runtime.blocks_patched:

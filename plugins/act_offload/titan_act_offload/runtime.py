@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from titan_act_offload.offloader import Offloader
     from titan_act_offload.plan import OffloadPlan
     from titan_act_offload.step import Step
+    from titan_act_offload.upstream import Seen
 
 logger = logging.getLogger("titan_plugins.act_offload")
 
@@ -39,6 +40,7 @@ class Runtime:
         self.last_plan: OffloadPlan | None = None
         self.blocks_patched: set[str] = set()  # block forwards the engine actually wrapped
         self._warned: set[str] = set()
+        self._upstream: Seen | None = None
         _CURRENT = self
 
     @property
@@ -60,6 +62,16 @@ class Runtime:
         return self._offloader
 
     @property
+    def upstream(self) -> Seen:
+        """Megatron's own features met so far: stepped aside for, composed with (built on first
+        use: nothing beyond the settings loads while megatron imports)."""
+        if self._upstream is None:
+            from titan_act_offload.upstream import Seen
+
+            self._upstream = Seen()
+        return self._upstream
+
+    @property
     def stats(self) -> Any:
         """The offloader's :class:`~titan_act_offload.accounting.OffloadStats`."""
         return self.offloader.stats
@@ -70,9 +82,10 @@ class Runtime:
         report: dict[str, Any] = dict(self.settings.as_dict())
         if self._offloader is not None:
             report.update(self._offloader.report())
+        report.update(self.upstream.report())
         return report
 
-    def effects(self) -> dict[str, int]:
+    def effects(self) -> dict[str, Any]:
         """What the plugin did in this process, as numbers (empty before the first schedule).
 
         ``offloaded_bytes``: bytes copied to host; ``reloaded_bytes``: brought back;
@@ -82,9 +95,13 @@ class Runtime:
         ``steps``: training schedules run; ``offloaded_units`` / ``units``: (chunk, microbatch)
         units the last step's plan offloaded, of all; ``skipped_tensors`` / ``skipped_bytes``:
         saved tensors left where they were (per reason: :meth:`skipped`).
+        Next to Megatron's own features (``upstream.py``): ``stepped_aside`` names the flags the
+        plugin stood aside for when no schedule ran with it (instead of a row of zeros), and
+        ``composes_with`` the ones it worked beside.
         """
+        beside = self.upstream.effects(ran=self._offloader is not None)
         if self._offloader is None:
-            return {}
+            return beside
         stats = self._offloader.stats
         plan = self.last_plan
         return {
@@ -97,6 +114,7 @@ class Runtime:
             "units": len(plan.units()) if plan is not None else 0,
             "skipped_tensors": sum(stats.skipped.values()),
             "skipped_bytes": sum(stats.skipped_bytes.values()),
+            **beside,
         }
 
     def skipped(self) -> dict[str, dict[str, int]]:
@@ -149,13 +167,13 @@ class Runtime:
         model = kwargs.get("model")
         models = list(model) if isinstance(model, list | tuple) else [model]
         config = _model_config(models[0])
-        if config is not None and getattr(config, "overlap_moe_expert_parallel_comm", False):
-            self.warn_once(
-                "ep_overlap",
-                "act_offload: overlap_moe_expert_parallel_comm runs two microbatches inside one "
-                "schedule step (combined 1F1B); activation offload is off for those schedules. "
-                "Disable one of the two (TITAN_ACT_OFFLOAD=0 or the EP overlap).",
-            )
+        from titan_act_offload.upstream import standing
+
+        position = standing(config, self.settings.modules)
+        self.upstream.note(position)
+        for flag, sentence in ((position.aside,) if position.aside else ()) + position.composes:
+            self.warn_once(flag, f"act_offload: {sentence}")
+        if position.aside is not None:
             return None
         from titan_act_offload.plan import build_plan, schedule_events
         from titan_act_offload.step import Step
@@ -177,7 +195,7 @@ class Runtime:
         offloader.param_storages = frozenset(
             p.untyped_storage().data_ptr() for m in models for p in m.parameters()
         )
-        self.step = Step(offloader, plan, models)
+        self.step = Step(offloader, plan, models, blocks_aside=position.blocks_aside)
         return self.step
 
     def end_step(self, step: Step) -> None:

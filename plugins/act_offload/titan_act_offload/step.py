@@ -35,10 +35,19 @@ def tensor_storages(value: Any) -> frozenset[int]:
 class Step:
     """Tracks one schedule invocation against its :class:`OffloadPlan`."""
 
-    def __init__(self, offloader: Offloader, plan: OffloadPlan, models: list[Any]) -> None:
+    def __init__(
+        self,
+        offloader: Offloader,
+        plan: OffloadPlan,
+        models: list[Any],
+        blocks_aside: frozenset[str] = frozenset(),
+    ) -> None:
         self.offloader = offloader
         self.plan = plan
         self.models = models
+        # Selected blocks Megatron manages in this schedule (upstream.py): their forwards run
+        # without our hooks, their saves fall to the unit's outside accounting (never moved).
+        self.blocks_aside = blocks_aside
         self.following_plan = True
         self.mismatches = 0
         self._index = 0

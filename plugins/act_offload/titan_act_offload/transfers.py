@@ -160,16 +160,19 @@ class HostCopies:
             from titan_plugins import host_memory
 
             logger.warning(
-                "act_offload: the plugins' shared host-memory limit is reached "
-                "(TITAN_PLUGINS_MAX_HOST_BYTES; held now: %s); further activations stay on the "
-                "device. Raise it, or lower another plugin's share (e.g. rewind's snapshots).",
-                host_memory.usage(),
+                "act_offload: the plugins' shared host-memory limit is reached (%s; held now: "
+                "%s); further activations stay on the device. Raise it, or lower another "
+                "plugin's share (e.g. rewind's snapshots).",
+                host_memory.limit_text(),
+                host_memory.held_text(),
             )
             return
+        from titan_plugins.settings import describe_bytes
+
         logger.warning(
-            "act_offload: host buffer budget reached (TITAN_ACT_OFFLOAD_MAX_HOST_BYTES=%d, "
-            "%d bytes in use); further activations stay on the device. Raise the budget or "
-            "offload fewer blocks (TITAN_ACT_OFFLOAD_MODULES).",
-            self.pool.budget,
-            self.pool.in_use,
+            "act_offload: host buffer budget reached (TITAN_ACT_OFFLOAD_MAX_HOST_BYTES = %s, %s in "
+            "use); further activations stay on the device. Raise the budget or offload fewer "
+            "blocks (TITAN_ACT_OFFLOAD_MODULES).",
+            describe_bytes(self.pool.budget) if self.pool.budget is not None else "none",
+            describe_bytes(self.pool.in_use),
         )
