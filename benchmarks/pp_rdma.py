@@ -514,7 +514,8 @@ def step_task(env: dict | None, steps: int, hidden: int) -> dict:
     """One rank of the PP=2 x VPP=2 run: seconds per step and the losses."""
     import contextlib
 
-    from titan_plugins.testing import plugin_active, tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
+    from titan_plugins.testing import plugin_active
 
     tiny_gpt.init_parallel(pp=2, vpp=2)
     active = plugin_active("pp_rdma", env=env) if env is not None else contextlib.nullcontext()
@@ -605,7 +606,7 @@ def pp2_step_time(reps: int, hidden: int, args: argparse.Namespace) -> None:
                 helper_cpu[name] += [r["helper_cpu"] for r in out if r["helper_cpu"] is not None]
                 losses[name] = out[1]["losses"]
     base = times["gloo (plugin off)"]
-    from titan_plugins.testing import tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
 
     kib = tiny_gpt.SEQ * tiny_gpt.MBS * hidden * 4 >> 10
     print(

@@ -34,7 +34,7 @@ def mismatch_task(recv_shape: list[int], recv_dtype: str, buffers: str) -> str:
     from titan_pp_rdma import session
     from titan_pp_rdma.communicator import build_communicator_class
 
-    from titan_plugins.testing import tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
     from titan_plugins.testing.activation import environ
 
     tiny_gpt.init_parallel(pp=2)

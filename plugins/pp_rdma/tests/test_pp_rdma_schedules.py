@@ -34,7 +34,8 @@ def train_task(pp: int, vpp: int | None, env: dict | None, **config: Any) -> dic
     from titan_pp_rdma import effects
     from titan_pp_rdma.report import report
 
-    from titan_plugins.testing import plugin_active, tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
+    from titan_plugins.testing import plugin_active
 
     effects.reset()
 
@@ -188,3 +189,77 @@ def test_mooncake_absent_falls_back_and_reports(gloo_pool2: Any) -> None:
         mooncake_check = next(c for c in rank["doctor"] if c["name"] == "pp_rdma.mooncake")
         assert mooncake_check["status"] == "warn" and "pip install" in mooncake_check["fix"]
     assert_identical(got, ref, "VPP overlap, Mooncake absent -> torch fallback")
+
+
+def own_communicator_task(env: dict | None, subclass: bool, config: dict) -> dict:
+    """``train_task``'s run with the job passing its own ``p2p_communicator`` (and the process
+    groups the schedules then require), as 0.19's ``pretrain(p2p_communicator=...)`` threads it
+    through ``train_step``: upstream's class itself, or (``subclass``) a class of the job's."""
+    import functools
+
+    import megatron.core.pipeline_parallel as pipeline_parallel
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel import p2p_communication
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from titan_pp_rdma import effects, job_communicator, plugin, session
+    from titan_pp_rdma.report import report
+
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
+    from titan_plugins.testing import plugin_active
+
+    effects.reset()
+    job_communicator.reset()
+    session.reset()  # the report's "last session" is this run's
+    tiny_gpt.init_parallel(pp=2)
+    real = pipeline_parallel.get_forward_backward_func
+    upstream = p2p_communication.P2PCommunicator
+    cls = type("JobsCommunicator", (upstream,), {}) if subclass else upstream
+    built: list = []
+
+    def with_communicator(*args: Any, **kwargs: Any) -> Any:
+        comm = cls(pp_group=ps.get_pipeline_model_parallel_group(), config=built[0])
+        pgs = ProcessGroupCollection.use_mpu_process_groups()
+        return functools.partial(real(*args, **kwargs), p2p_communicator=comm, pg_collection=pgs)
+
+    active = plugin_active("pp_rdma", env=env) if env is not None else contextlib.nullcontext()
+    pipeline_parallel.get_forward_backward_func = with_communicator
+    try:
+        with active:
+            cfg = tiny_gpt.make_config(**config)
+            built.append(cfg)
+            chunks = tiny_gpt.build_model(cfg)
+            losses, norms = tiny_gpt.train(chunks, cfg, steps=STEPS, num_microbatches=MICROBATCHES)
+            state = report() if env is not None else {}
+            plugin_effects = plugin.titan_effects() if env is not None else {}
+    finally:
+        pipeline_parallel.get_forward_backward_func = real
+        job_communicator.reset()  # these workers run other tasks next
+    grads = {k: v for k, v in tiny_gpt.state_snapshot(chunks).items() if k.endswith(".grad")}
+    return {
+        "losses": losses,
+        "norms": norms,
+        "grads": grads,
+        "report": state,
+        "effects": plugin_effects,
+    }
+
+
+def test_a_communicator_the_job_passes_is_served_or_reported(gloo_pool2: Any) -> None:
+    ref = _run(gloo_pool2, 2, None, None, REFERENCE)
+    # Upstream's own class, handed to the schedules by the job: pp_rdma carries its transfers
+    # as it does for the one the schedules build (before: it never saw them, effects empty).
+    got = gloo_pool2.run(own_communicator_task, TORCH_ENV, False, BATCHED, timeout=240)
+    moved = STEPS * MICROBATCHES
+    for rank in got:
+        assert rank["effects"] == {"torch_messages": moved, "torch_bytes": moved * 8192}
+        assert rank["report"]["active"] is True and rank["report"]["backend"] == "torch"
+    assert_identical(got, ref, "PP=2 1F1B, the job's upstream P2PCommunicator")
+    # A class of the job's own: left alone, and pp_rdma says so instead of a silent no-op
+    # (upstream's transfers then: the settings upstream gets right).
+    own = gloo_pool2.run(own_communicator_task, TORCH_ENV, True, REFERENCE, timeout=240)
+    for rank in own:
+        assert rank["effects"] == {"stepped_aside": "own p2p_communicator"}
+        why = rank["report"]["inactive_reason"]
+        assert "JobsCommunicator" in why and "titan_p2p_communicator" in why
+        assert rank["report"]["active"] is False
+    assert_identical(own, ref, "PP=2 1F1B, the job's own communicator class")

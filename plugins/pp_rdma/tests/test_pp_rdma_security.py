@@ -80,7 +80,7 @@ def _victims(cfg: Any) -> list[dict]:
     from titan_pp_rdma import session as session_mod
     from titan_pp_rdma.wire import tensor_key
 
-    from titan_plugins.testing import tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
 
     session = next(s for s in session_mod.STATE.sessions.values() if s.transport is not None)
     tr = session.transport
@@ -113,7 +113,8 @@ def attacked_train_task(attack: bool) -> dict:
     import torch.distributed as dist
     from titan_pp_rdma.report import report
 
-    from titan_plugins.testing import plugin_active, tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
+    from titan_plugins.testing import plugin_active
 
     tiny_gpt.init_parallel(pp=2, vpp=2)
     result: dict[str, Any] = {"attacker": None}

@@ -20,7 +20,7 @@ def sliced_task(sizes: list[int]) -> dict[str, Any]:
     from titan_pp_rdma.settings import PPRdmaSettings
     from titan_pp_rdma.wire import BWD, FWD
 
-    from titan_plugins.testing import tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
 
     tiny_gpt.init_parallel(pp=2)
     rank = ps.get_pipeline_model_parallel_rank()

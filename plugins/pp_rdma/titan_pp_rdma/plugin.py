@@ -1,20 +1,23 @@
 """pp_rdma hook implementations (the ``titan_plugins`` entry point).
 
-Two patches, both on megatron-core 0.16.x:
+Two patches, on every supported megatron-core line (0.16-0.19: the targets are unchanged):
 - ``schedules.P2PCommunicator`` -> a subclass whose ``_communicate`` sends over Mooncake Transfer
   Engine (torch.distributed fallback), so the unmodified schedules build it every step.
 - ``p2p_communication._batched_p2p_ops`` -> the same ops in an order that is correct when the
   previous and next stage are one rank (PP=2 + VPP), for code that builds upstream's class itself.
+And a train-step wrapper for the communicator a job passes to the schedules itself (0.19's
+``pretrain(p2p_communicator=...)``), which the class patch never sees (``job_communicator``).
 megatron is never imported here at module import time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 from titan_plugins import hookimpl
-from titan_plugins.patching import SUPPORTED_MEGATRON, Patch, Signature
+from titan_plugins.hosts.megatron import SUPPORTED_MEGATRON
+from titan_plugins.patching import Patch, Signature
 
 
 def _communicator_factory(original: Any) -> Any:
@@ -86,6 +89,16 @@ def titan_register_patches(register: Callable[[Patch], None]) -> None:
     )
 
 
+@hookimpl(wrapper=True)
+def titan_train_step(step: Any) -> Generator[None, Any, Any]:
+    """Serve (upstream's class) or report (another class) a communicator the job passed."""
+    if step.kwargs.get("p2p_communicator") is not None:
+        from titan_pp_rdma.job_communicator import adopt
+
+        adopt(step.kwargs)
+    return (yield)
+
+
 @hookimpl
 def titan_settings() -> list[Any]:
     """The ``TITAN_PP_RDMA_*`` knobs."""
@@ -119,10 +132,15 @@ def titan_report() -> dict[str, Any]:
 @hookimpl
 def titan_effects() -> dict[str, Any]:
     """Pipeline tensors received here, by path: ``read`` (one-sided Mooncake reads), ``inline``
-    (small CPU tensors inside the authenticated control frame), ``torch`` (fallback)."""
+    (small CPU tensors inside the authenticated control frame), ``torch`` (fallback); when none
+    moved because the job's own communicator class carried them, ``stepped_aside`` says so."""
+    from titan_pp_rdma import job_communicator
     from titan_pp_rdma.effects import effects
 
-    return effects()
+    moved = effects()
+    if not moved and job_communicator.foreign():
+        return {"stepped_aside": job_communicator.SHORT}
+    return moved
 
 
 @hookimpl

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from titan_pp_rdma import security
+from titan_pp_rdma import job_communicator, security
 from titan_pp_rdma.mooncake_engine import rdma_nics, resolve_protocol
 from titan_pp_rdma.probe import probe_mooncake
 from titan_pp_rdma.session import STATE
@@ -29,6 +29,12 @@ def report() -> dict[str, Any]:
     state: dict[str, Any] = {"backend": backend, "why": why, "active": False}
     if STATE.last:
         state = {**STATE.last, "active": True}
+    aside = job_communicator.reason()
+    if aside:  # some schedule calls carried the job's own communicator, not pp_rdma's
+        state["inactive_reason" if not STATE.last else "own_communicator"] = aside
+    served = job_communicator.served()
+    if served:
+        state["job_communicator_calls_served"] = served
     if STATE.engine_error:
         state["engine_error"] = STATE.engine_error
     state["timeout_s"] = settings.timeout_s
