@@ -54,7 +54,8 @@ def cpu_task(steps: int) -> dict[str, Any]:
     from titan_rewind.runtime import Rewinder
 
     from titan_plugins import active_manager
-    from titan_plugins.testing import plugin_active, tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
+    from titan_plugins.testing import plugin_active
 
     logging.getLogger("titan_plugins").setLevel(logging.ERROR)  # detect mode warns on budget
     tiny_gpt.SEQ = 64

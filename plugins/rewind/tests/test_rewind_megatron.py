@@ -10,6 +10,12 @@ workers with rewind on; faults are injected and the rollback is checked against 
 - A loss spike (scrambled labels, loss x3) at PP=2 and a grad-norm spike (loss scaled x30 in the
   backward only) at EP=2: rewound at that step on every rank, including ranks without a loss.
 - Repeated NaNs: a rewind, an escalated rewind that drops more batches, then RewindError.
+- A NaN at step 0, 1 or 3 with the default knobs rolls back to the starting state (the model
+  and optimizer as loaded, no Adam state yet): bit-identical to a plugin-off run that skipped
+  those steps' batches; the same at step 1 with the distributed optimizer.
+- Nothing to roll back to on one rank (over its host budget): every rank raises RewindError in
+  the same step, the full message (step, reason, knobs) on rank 0 only.
+- The demo's loop (``tiny_gpt.train``): an escalation really drops the batches it reports.
 - 200 clean steps with the default knobs: no trigger.
 """
 
@@ -21,7 +27,9 @@ from typing import Any
 import pytest
 import torch
 
-from titan_plugins.testing import plugin_active, tiny_gpt
+from titan_plugins.errors import JobStopped
+from titan_plugins.hosts.megatron.testing import tiny_gpt
+from titan_plugins.testing import plugin_active
 
 pytestmark = pytest.mark.multiprocess
 
@@ -387,6 +395,165 @@ def test_repeated_faults_escalate_then_raise(gloo_pool1):
     assert effects["extra_microbatches_dropped"] == 2 * NMB and effects["host_bytes"] > 0
 
 
+# ------------------------------------------------------------------------------ the starting state
+START_STEPS = 6
+
+
+def start_task(parallel: dict, distributed: bool, nan_steps: list[int]) -> list[dict[str, Any]]:
+    """Default knobs, one NaN at each of ``nan_steps`` (one run each): rewound to the start,
+    against the plugin-off run that skipped the batches of steps 0..NaN."""
+    out = []
+    for nan_step in nan_steps:
+        chunks, optimizer = build(parallel, distributed, **NAN_MODEL)
+        data = Stream()
+        with plugin_active("rewind", {"TITAN_REWIND_INJECT_NAN_STEP": str(nan_step)}):
+            run_steps(chunks, optimizer, data, START_STEPS)
+            effect = _effect()
+        rewound = final_state(chunks, optimizer)
+
+        chunks, optimizer = build(parallel, distributed, **NAN_MODEL)
+        reference_data = Stream()
+        for _ in range((nan_step + 1) * NMB):  # the batches of steps 0..nan_step
+            next(reference_data)
+        run_steps(chunks, optimizer, reference_data, START_STEPS - nan_step - 1)
+        reference = final_state(chunks, optimizer)
+        out.append(
+            {
+                "nan_step": nan_step,
+                "differences": differences(rewound, reference),
+                "compared": len(reference),
+                "events": effect["events"],
+                "consumed": (data.consumed, reference_data.consumed),
+            }
+        )
+    return out
+
+
+def _check_start(results: list[list[dict[str, Any]]], nan_steps: list[int]) -> None:
+    for rank, runs in enumerate(results):
+        assert [r["nan_step"] for r in runs] == nan_steps
+        for run in runs:
+            nan_step = run["nan_step"]
+            assert run["differences"] == [], (
+                f"rank {rank}, NaN {nan_step}: {run['differences'][:10]}"
+            )
+            assert run["compared"] > 50
+            assert run["consumed"] == (START_STEPS * NMB, START_STEPS * NMB)
+            (event,) = run["events"]
+            assert (event["step"], event["snapshot_step"], event["steps_skipped"]) == (
+                nan_step,
+                -1,
+                nan_step + 1,
+            )
+            assert event["microbatches_skipped"] == (nan_step + 1) * NMB
+
+
+def test_an_early_nan_rolls_back_to_the_starting_state_bit_identically(gloo_pool1):
+    """bf16 with fp32 masters, dropout and MoE expert bias: the start's RNG and buffers are
+    those before the first forward, its optimizer has no state yet (torch creates Adam's
+    moments at the first update); the run then equals one that never saw those steps."""
+    (runs,) = gloo_pool1.run(start_task, {}, False, [0, 1, 3], timeout=600)
+    _check_start([runs], [0, 1, 3])
+
+
+def test_an_early_nan_rolls_back_to_the_start_with_the_distributed_optimizer(gloo_pool2):
+    results = gloo_pool2.run(start_task, {"ep": 2}, True, [1], timeout=600)
+    _check_start(results, [1])
+
+
+# ------------------------------------------------------------------------------ nothing to roll back
+def no_target_task() -> dict[str, Any]:
+    """DP=2, rank 1 over its host budget (so no snapshot at all there), NaN at step 1."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    env = {"TITAN_REWIND_INJECT_NAN_STEP": "1"}
+    if rank == 1:
+        env["TITAN_REWIND_MAX_HOST_BYTES"] = "1"
+    chunks, optimizer = build({})
+    data = Stream()
+    try:
+        with plugin_active("rewind", env):
+            run_steps(chunks, optimizer, data, 4)
+    except Exception as err:  # what a launcher sees, without importing titan_rewind
+        return {
+            "class": type(err).__name__,
+            "marker": isinstance(err, JobStopped),
+            "primary": err.primary,
+            "message": str(err),
+            "knobs": list(err.knobs),
+            "step": err.step,
+            "exit_code": err.exit_code,
+            "consumed": data.consumed,
+        }
+    return {"class": None, "consumed": data.consumed}
+
+
+def test_nothing_to_roll_back_on_one_rank_stops_every_rank_with_one_message(gloo_pool2):
+    first, second = gloo_pool2.run(no_target_task, timeout=600)
+    for result in (first, second):
+        assert (result["class"], result["marker"], result["step"]) == ("RewindError", True, 1)
+        assert result["exit_code"] != 0 and result["consumed"] == 2 * NMB  # same step on both
+        assert result["knobs"] == ["TITAN_REWIND_MAX_HOST_BYTES"]
+    # Rank 0 could roll back itself, but rank 1 cannot: nobody rolls back, and rank 0 says why.
+    assert first["primary"] and not second["primary"]
+    text = first["message"]
+    assert text.startswith(
+        "rewind: step 1: nonfinite_loss nan, and nothing to roll back to on 1 of 2"
+    )
+    assert "\n  rank(s) 1: two snapshots of this rank need " in text
+    assert "with the Adam moments the first update creates" in text
+    assert "over the rewind budget of 1 " in text
+    assert text.endswith("knobs that would have helped: TITAN_REWIND_MAX_HOST_BYTES")
+    assert "\n" not in second["message"] and "rank 0 raised" in second["message"]
+
+
+# ------------------------------------------------------------------------------ the demo's loop
+DEMO_FAULTS_ENV = {"TITAN_REWIND_INJECT_NAN_STEP": "1,2,3", "TITAN_REWIND_ESCALATE_SKIP": "3"}
+
+
+def demo_escalate_task() -> dict[str, Any]:
+    """``tiny_gpt.train`` (the CPU demo's loop), default knobs but ESCALATE_SKIP=3, NaNs at
+    steps 1, 2, 3: rewind to the start, escalated rewind that drops 3 steps, RewindError."""
+    from titan_rewind import RewindError
+
+    made = []
+
+    class Counted(tiny_gpt.RepeatingBatches):
+        def __init__(self, batches: list) -> None:
+            super().__init__(batches)
+            made.append(self)
+
+    tiny_gpt.init_parallel()
+    cfg = tiny_gpt.make_config()
+    chunks = tiny_gpt.build_model(cfg)
+    original, tiny_gpt.RepeatingBatches = tiny_gpt.RepeatingBatches, Counted
+    error = ""
+    try:
+        with plugin_active("rewind", DEMO_FAULTS_ENV):
+            try:
+                tiny_gpt.train(chunks, cfg, 8, num_microbatches=NMB)
+            except RewindError as err:
+                error = str(err)
+            effect = _effect()
+    finally:
+        tiny_gpt.RepeatingBatches = original
+    return {"error": error, "events": effect["events"], "consumed": [d.consumed for d in made]}
+
+
+def test_the_escalation_drops_the_batches_it_reports_in_the_demos_loop(gloo_pool1):
+    (result,) = gloo_pool1.run(demo_escalate_task, timeout=600)
+    first, second = result["events"]
+    assert (first["step"], first["level"], first["snapshot_step"]) == (1, 1, -1)
+    assert (second["step"], second["level"], second["snapshot_step"]) == (2, 2, -1)
+    assert second["extra_microbatches_dropped"] == second["extra_microbatches_wanted"] == 3 * NMB
+    assert second["skip_problem"] is None
+    # Counted: steps 0..3 read their microbatches, and the escalation 3 steps' more.
+    assert result["consumed"] == [4 * NMB + 3 * NMB]
+    assert "steps 1, 2, 3" in result["error"] and "TITAN_REWIND_ESCALATE_SKIP" in result["error"]
+    assert "the starting state (before step 0)" in result["error"]
+
+
 # ------------------------------------------------------------------------------ no false positive
 def clean_task(steps: int) -> dict[str, Any]:
     """The demo's data (the same batches every step, so the loss falls steadily), 200 steps."""
@@ -404,7 +571,8 @@ def test_no_rewind_on_a_clean_run_with_default_knobs(gloo_pool1):
     effect = result["effect"]
     assert effect["steps_checked"] == 200
     assert effect["rewinds"] == 0 and effect["unhandled_triggers"] == []
-    assert effect["snapshots_taken"] == 20  # after step 0, then every 10 healthy steps
+    # The starting state, after step 0, then every 10 healthy steps.
+    assert effect["snapshots_taken"] == 21
     # The checks were armed (past warm-up) for most of the run.
     assert (
         effect["thresholds"]["loss"] is not None and effect["thresholds"]["grad_norm"] is not None

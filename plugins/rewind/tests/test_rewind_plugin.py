@@ -9,7 +9,7 @@ import json
 import pytest
 from titan_rewind import settings
 
-from titan_plugins import train_step
+from titan_plugins.hosts.megatron import train_step
 from titan_plugins.testing import environ, fresh_manager, plugin_active
 
 LOOP_HOOKS = ("titan_train_step", "titan_optimizer_step", "titan_forward_microbatch")

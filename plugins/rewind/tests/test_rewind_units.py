@@ -18,6 +18,8 @@ from titan_rewind.snapshot import RestoreError, Snapshotter
 from titan_rewind.snapshot import Slot as SnapshotSlot
 from titan_rewind.store import SnapshotStore
 
+from titan_plugins.errors import JobStopped
+
 
 # ------------------------------------------------------------------------------ detectors
 def test_loss_spike_is_silent_in_warm_up_then_uses_median_and_mad():
@@ -99,6 +101,9 @@ def test_vector_flags_and_single_process_reduction():
     # clip_grad == 0: megatron reports 0.0 (not computed); a rank without params: None
     assert collective.reduce_signals(collective.local_vector(None, 0.0, True)).grad_norm is None
     assert collective.reduce_signals(collective.local_vector(None, None, False)).skipped
+    # A rank that holds nothing to roll back to is counted, so every rank knows.
+    lacking = collective.local_vector((8.0, 4.0), 3.0, True, can_roll_back=False)
+    assert collective.reduce_signals(lacking).cannot_roll_back == 1
 
 
 # ------------------------------------------------------------------------------ snapshots
@@ -255,8 +260,9 @@ def test_store_no_snapshot_takes_no_snapshot_and_says_why():
     store = SnapshotStore(interval=1, stable_after=1, budget=100)
     assert not store.on_healthy_step(0, [model], optimizer)
     assert store.rollback_target() is None and store.host_bytes() == 0
-    assert "over the budget of 100" in store.no_snapshot
-    assert "TITAN_REWIND_MAX_HOST_BYTES" in store.no_snapshot
+    assert "over the rewind budget of 100" in store.no_snapshot
+    assert "TITAN_REWIND_MAX_HOST_BYTES >= " in store.no_snapshot
+    assert store.no_snapshot_knobs == ("TITAN_REWIND_MAX_HOST_BYTES",)
 
 
 # ------------------------------------------------------------------------------ injection
@@ -280,3 +286,319 @@ def test_poison_forward_fires_once_on_the_first_loss():
             inject.nan_at_step(-1)
     finally:
         inject.clear()
+
+
+# ------------------------------------------------------------------------------ the starting state
+def forward_backward(model: torch.nn.Module, seed: int) -> None:
+    """``train_one`` without the update: the forward (BatchNorm's running stats change, the
+    global RNG is drawn from, like dropout) and the backward."""
+    model.zero_grad()
+    inputs = torch.randn(16, 8, generator=torch.Generator().manual_seed(seed)).bfloat16()
+    model(inputs).float().mul(torch.rand(8)).square().sum().backward()
+
+
+def update(optimizer: Chained) -> None:
+    for child in optimizer.chained_optimizers:
+        child.step()
+
+
+def test_the_starting_state_is_the_rollback_target_until_a_snapshot_is_stable():
+    from titan_rewind.snapshot import capture_early
+
+    model, optimizer = make_model()
+    store = SnapshotStore(interval=2, stable_after=3, budget=1 << 30)
+    early = capture_early([model])
+    forward_backward(model, 0)
+    assert store.capture_start([model], optimizer, early)  # before the first update
+    assert store.rollback_target().start and store.rollback_target().step == -1
+    assert store.describe()["snapshots"][0]["start"]
+    start_bytes = store.planned  # no Adam state yet
+    reserved = store.ledger.held  # two snapshots with the moments torch will create
+    update(optimizer)
+    taken = []
+    for step in range(9):
+        if step:
+            train_one(model, optimizer, step)
+        if store.on_healthy_step(step, [model], optimizer):
+            taken.append(step)
+        assert store.rollback_target() is not None and len(store.held()) <= 2
+        if step < 3:  # the snapshot of step 0 becomes stable after 3 healthy steps
+            assert store.rollback_target().start
+    # The regular schedule is unchanged: after step 0, then every 2 once the pending is stable.
+    assert taken == [0, 3, 6] and store.taken == 4
+    assert store.rollback_target().step == 3
+    # Planned at every capture: Adam's moments (created at the first update) are counted.
+    assert store.planned > start_bytes and store.host_bytes() == 2 * store.planned
+    # The start's estimate of Adam's state was exact: the reservation never had to grow.
+    assert store.ledger.held == reserved == 2 * store.planned
+
+
+def test_restoring_the_starting_state_continues_like_a_run_that_skipped_those_steps():
+    """Buffers and RNG from before the first forward, masters as loaded, the torch optimizers
+    back to "no state yet", the scaler as loaded: continuing equals a fresh run."""
+    from titan_rewind.snapshot import capture_early
+
+    model, optimizer = make_model()
+    loaded = full_state(model, optimizer)  # no optimizer state in it yet
+    store = SnapshotStore(interval=10, stable_after=5, budget=1 << 30)
+    early = capture_early([model])
+    forward_backward(model, 0)
+    store.capture_start([model], optimizer, early)
+    update(optimizer)
+    for seed in (1, 2):
+        train_one(model, optimizer, seed)
+        store.on_healthy_step(seed, [model], optimizer)
+    with torch.no_grad():  # what a NaN step leaves behind
+        for child in optimizer.chained_optimizers:
+            for master in child.masters:
+                master.fill_(math.nan)
+    slot = store.restore([model], optimizer)
+    assert slot.start and store.pending.empty
+    assert all(not child.optimizer.state for child in optimizer.chained_optimizers)
+    assert_bit_identical(full_state(model, optimizer), loaded)
+    assert not store.regular_taken  # the schedule starts over: a snapshot after the next step
+    train_one(model, optimizer, 99)
+    assert store.on_healthy_step(3, [model], optimizer)
+    reference_model, reference_opt = make_model()
+    train_one(reference_model, reference_opt, 99)
+    assert_bit_identical(full_state(model, optimizer), full_state(reference_model, reference_opt))
+
+
+def test_a_start_over_the_budget_counts_the_optimizer_state_to_come():
+    from titan_rewind.snapshot import plan
+
+    from titan_plugins.settings import describe_bytes
+
+    model, optimizer = make_model()
+    now, full, exact = plan([model], optimizer)
+    masters = sum(m.numel() * 4 for c in optimizer.chained_optimizers for m in c.masters)
+    count = sum(len(c.masters) for c in optimizer.chained_optimizers)
+    assert exact and full == now + 2 * masters + 4 * count  # Adam: two moments and a step
+    store = SnapshotStore(interval=1, stable_after=1, budget=2 * full - 1)
+    assert not store.capture_start([model], optimizer)
+    assert store.rollback_target() is None
+    assert f"need {describe_bytes(2 * full)} of host memory" in store.no_snapshot
+    assert "with the Adam moments the first update creates" in store.no_snapshot
+    assert "a fault cannot be rolled back" in store.no_snapshot
+    # Another optimizer without state yet: the size is only a lower bound, and says so.
+    sgd = type("FP32", (), {})()
+    sgd.optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    assert plan([model], sgd)[2] is False
+    store = SnapshotStore(interval=1, stable_after=1, budget=1)
+    assert not store.capture_start([model], sgd) and "need at least" in store.no_snapshot
+
+
+def test_the_shared_ledger_refusal_names_the_shared_knob_and_the_other_holders(monkeypatch):
+    from titan_plugins import host_memory
+
+    model, optimizer = make_model()
+    other = host_memory.Reservation("act_offload")
+    monkeypatch.setenv("TITAN_PLUGINS_MAX_HOST_BYTES", "2000")
+    try:
+        assert other.grow(1000)
+        store = SnapshotStore(interval=1, stable_after=1, budget=1 << 30)
+        assert not store.capture_start([model], optimizer)
+    finally:
+        other.close()
+    assert store.no_snapshot_knobs == (
+        "TITAN_PLUGINS_MAX_HOST_BYTES",
+        "TITAN_ACT_OFFLOAD_MAX_HOST_BYTES",
+    )
+    assert "shared host-memory limit" in store.no_snapshot and "act_offload" in store.no_snapshot
+
+
+# ------------------------------------------------------------------------------ the state machine
+class Loop:
+    """Drives a Rewinder through the hooks as the core calls them, on the fake optimizer: a
+    training call (``loss`` NaN on a fault), then the optimizer step."""
+
+    def __init__(self, rewinder, data=None, microbatches: int = 2) -> None:
+        from types import SimpleNamespace
+
+        self.rewinder = rewinder
+        self.model, self.optimizer = make_model()
+        self.data = data
+        self.microbatches = microbatches
+        self.ns = SimpleNamespace
+
+    def step(self, index: int, fault: bool = False) -> None:
+        kwargs = {"data_iterator": self.data, "num_microbatches": self.microbatches}
+        train = self.ns(
+            index=index, model=[self.model], num_microbatches=self.microbatches, kwargs=kwargs
+        )
+        opt_step = self.ns(step=train, optimizer=self.optimizer)
+        self.rewinder.before_train_step(train)
+        for _ in range(self.microbatches if self.data is not None else 0):
+            next(self.data, None)
+        forward_backward(self.model, index)
+        loss = torch.tensor([math.nan if fault else 2.0, 1.0])
+        self.rewinder.after_train_step(train, [{"lm loss": loss}])
+        self.rewinder.before_optimizer_step(opt_step)
+        update(self.optimizer)
+        self.rewinder.after_optimizer_step(opt_step, (True, 1.0, 0))
+
+
+def test_an_early_fault_rolls_back_to_the_starting_state(caplog):
+    from titan_rewind.config import RewindConfig
+    from titan_rewind.runtime import Rewinder
+
+    rewinder = Rewinder(RewindConfig())
+    run = Loop(rewinder)
+    loaded = full_state(run.model, run.optimizer)
+    with caplog.at_level("WARNING", logger="titan_plugins.rewind"):
+        run.step(0)
+        run.step(1, fault=True)
+    (event,) = rewinder.events
+    assert (event.step, event.snapshot_step, event.steps_skipped) == (1, -1, 2)
+    assert event.microbatches_skipped == 4
+    assert "restored the starting state (before step 0)" in caplog.text
+    assert_bit_identical(full_state(run.model, run.optimizer), loaded)
+
+
+def test_nothing_to_roll_back_to_raises_one_message_naming_step_reason_and_knobs(monkeypatch):
+    from titan_rewind import RewindError, runtime
+    from titan_rewind.config import RewindConfig
+
+    def fault(rank: int) -> RewindError:
+        monkeypatch.setattr(runtime, "_rank", lambda: rank)
+        run = Loop(runtime.Rewinder(RewindConfig(max_host_bytes=1)))
+        run.step(0)
+        with pytest.raises(RewindError) as caught:
+            run.step(1, fault=True)
+        return caught.value
+
+    error = fault(0)
+    assert error.primary and isinstance(error, JobStopped) and error.exit_code != 0
+    assert (error.step, error.knobs) == (1, ("TITAN_REWIND_MAX_HOST_BYTES",))
+    text = str(error)
+    assert text.startswith("rewind: step 1: nonfinite_loss nan, and nothing to roll back to")
+    assert "rank(s) 0: two snapshots of this rank need " in text
+    assert "(with the Adam moments the first update creates)" in text
+    assert "over the rewind budget of 1" in text and "TITAN_REWIND_MAX_HOST_BYTES >=" in text
+    assert text.splitlines()[-1] == "knobs that would have helped: TITAN_REWIND_MAX_HOST_BYTES"
+    other = fault(1)  # any other rank: one line that points at rank 0
+    assert not other.primary and other.step == 1 and "\n" not in str(other)
+    assert "rank 0 raised the job's message" in str(other)
+
+
+def test_an_escalation_that_cannot_skip_says_so_and_the_final_error_does_not_advise_it(caplog):
+    from titan_rewind import RewindError
+    from titan_rewind.config import RewindConfig
+    from titan_rewind.runtime import Rewinder
+
+    rewinder = Rewinder(RewindConfig(escalate_skip=3))
+    fresh = iter([])  # what a loop that hands the schedule a new iterator each step leaves
+    run = Loop(rewinder, data=fresh)
+    run.step(0)
+    with caplog.at_level("WARNING", logger="titan_plugins.rewind"):
+        run.step(1, fault=True)
+        run.step(2, fault=True)
+        with pytest.raises(RewindError) as caught:
+            run.step(3, fault=True)
+    first, second = rewinder.events
+    assert (first.level, second.level) == (1, 2)
+    assert second.extra_microbatches_dropped == 0 and second.extra_microbatches_wanted == 6
+    assert "ended at once" in second.skip_problem
+    assert "meant to drop 6 more microbatches per data iterator but could not" in caplog.text
+    assert "dropped 0" not in caplog.text
+    text = str(caught.value)
+    assert "steps 1, 2, 3" in text and "TITAN_REWIND_ESCALATE_SKIP had no effect" in text
+    assert caught.value.knobs == ("TITAN_REWIND_MAX_REWINDS",)
+
+
+# ------------------------------------------------------------------------------ skipping batches
+def _train(data, microbatches: int = 2):
+    from titan_plugins.hosts.megatron import train_step
+
+    kwargs = {"data_iterator": data, "num_microbatches": microbatches}
+    return train_step.TrainStep(print, (), kwargs, schedule="1f1b")
+
+
+def test_drop_batches_advances_plain_and_per_chunk_iterators():
+    from titan_rewind.loop import drop_batches
+
+    plain = iter(range(100))
+    skip = drop_batches(_train(plain), 3)
+    assert (skip.wanted, skip.dropped, skip.iterators, skip.problem) == (6, 6, 1, "")
+    assert next(plain) == 6
+    # VPP: one iterator per chunk, None on a chunk without data, the same object listed twice
+    # advanced once.
+    first, second = iter(range(100)), iter(range(100))
+    skip = drop_batches(_train([first, None, first, second]), 2)
+    assert (skip.dropped, skip.iterators) == (4, 2)
+    assert (next(first), next(second)) == (4, 4)
+    assert drop_batches(_train(None), 2).iterators == 0  # a stage that reads no data
+
+
+def test_drop_batches_reports_what_it_could_not_drop():
+    from titan_rewind.loop import drop_batches
+
+    ended = iter([1, 2])
+    list(ended)  # the schedule read its step's microbatches: a new iterator comes next step
+    skip = drop_batches(_train(ended), 2)
+    assert skip.dropped == 0 and "ended at once" in skip.problem
+    short = drop_batches(_train(iter(range(3))), 2)
+    assert short.dropped == 3 and "ended after 3" in short.problem
+    assert "not a Python iterator" in drop_batches(_train(object()), 1).problem
+
+
+def test_drop_batches_reads_megatron_lms_rerun_iterator_underneath():
+    from megatron.core.rerun_state_machine import RerunDataIterator
+    from titan_rewind.loop import drop_batches
+
+    inner = iter(range(100))
+    rerun = RerunDataIterator(inner)
+    rerun.saved_microbatches = ["a", "b"]  # the last iteration's batches, kept for a replay
+    rerun.replaying = True  # left on after a re-run of that iteration
+    skip = drop_batches(_train([rerun]), 2)
+    assert (skip.dropped, skip.problem) == (4, "")
+    assert next(inner) == 4 and rerun.saved_microbatches == ["a", "b"]
+
+
+def test_drop_batches_leaves_slimes_rollout_iterator_alone_and_says_why():
+    from titan_rewind.loop import drop_batches
+
+    class DataIterator:  # slime.backends.megatron_utils.data.DataIterator's interface
+        def __init__(self) -> None:
+            self.micro_batch_indices = [[0], [1], [2], [3]]
+            self.offset = 2
+
+        def get_next(self, keys):
+            self.offset += 1
+            return {}
+
+    chunks = [DataIterator(), DataIterator()]
+    skip = drop_batches(_train(chunks), 1)
+    assert skip.dropped == 0 and "slime's DataIterator" in skip.problem
+    assert [c.offset for c in chunks] == [2, 2]
+
+
+def test_an_unsupported_optimizer_setup_names_megatrons_setting_and_no_rewind_knob():
+    from types import SimpleNamespace
+
+    from titan_rewind import RewindError
+    from titan_rewind.config import RewindConfig
+    from titan_rewind.runtime import Rewinder
+
+    run = Loop(Rewinder(RewindConfig()))
+    run.optimizer.config = SimpleNamespace(overlap_param_gather_with_optimizer_step=True)
+    run.step(0)
+    with pytest.raises(RewindError) as caught:
+        run.step(1, fault=True)
+    text = str(caught.value)
+    assert "rank(s) 0: overlap_param_gather_with_optimizer_step is on" in text
+    assert "rewind: overlap" not in text  # the per-rank reason, without the log prefix
+    assert text.endswith("no rewind knob would have helped (see the reason above)")
+    assert caught.value.knobs == ()
+
+
+@pytest.mark.parametrize("value", ["²", "1" * 5000, "-1", "3,x"])
+def test_an_injected_step_that_is_no_step_index_is_the_knobs_problem(monkeypatch, value):
+    """``str.isdigit`` accepts '²' and 5000-digit strings, which int() then refused at
+    activation: the knob names its own problem and the default (no injection) applies."""
+    from titan_rewind import settings
+
+    monkeypatch.setenv("TITAN_PLUGINS_STRICT", "0")
+    monkeypatch.setenv("TITAN_REWIND_INJECT_NAN_STEP", value)
+    assert settings.INJECT_NAN_STEP.problem() is not None
+    assert settings.INJECT_NAN_STEP.read() == settings.INJECT_NAN_STEP.default

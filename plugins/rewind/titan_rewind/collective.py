@@ -11,7 +11,11 @@ seven-number vector over the default process group gives every rank the same num
 - grad-norm sum and count over the ranks that computed one (identical values, so the mean is
   that value);
 - counts of ranks whose loss / grad norm was non-finite, whose update was skipped, and of
-  ranks that saw a loss at all.
+  ranks that hold nothing to roll back to (so every rank knows whether *all* can roll back:
+  a rollback on some ranks only would leave the others' weights behind and hang the job).
+
+:func:`gather` (an object all-gather) serves the rare paths only (a rewind that escalates, a
+fault that cannot be rolled back), which every rank enters in the same step.
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ from typing import Any
 
 from titan_rewind.detect import Signals
 
-_FIELDS = 7
-_NUM, _DEN, _BAD_LOSS, _GN_SUM, _GN_COUNT, _BAD_GN, _SKIPPED = range(_FIELDS)
+_FIELDS = 8
+_NUM, _DEN, _BAD_LOSS, _GN_SUM, _GN_COUNT, _BAD_GN, _SKIPPED, _NO_TARGET = range(_FIELDS)
 
 
 def pick_loss(report: Any, key: str) -> Any:
@@ -67,7 +71,10 @@ def local_loss(reports: Sequence[Any], key: str) -> tuple[float, float]:
 
 
 def local_vector(
-    loss: tuple[float, float] | None, grad_norm: Any, update_successful: Any
+    loss: tuple[float, float] | None,
+    grad_norm: Any,
+    update_successful: Any,
+    can_roll_back: bool = True,
 ) -> list[float]:
     """This rank's contribution to the all-reduce (see the module docstring)."""
     vector = [0.0] * _FIELDS
@@ -85,6 +92,8 @@ def local_vector(
             vector[_GN_SUM], vector[_GN_COUNT] = norm, 1.0
     if update_successful is False:
         vector[_SKIPPED] = 1.0
+    if not can_roll_back:
+        vector[_NO_TARGET] = 1.0
     return vector
 
 
@@ -111,4 +120,28 @@ def reduce_signals(vector: list[float]) -> Signals:
         nonfinite_loss=total[_BAD_LOSS] > 0,
         nonfinite_grad=total[_BAD_GN] > 0,
         skipped=total[_SKIPPED] > 0,
+        cannot_roll_back=round(total[_NO_TARGET]),
     )
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) of the default process group; (0, 1) when not distributed."""
+    import torch
+
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def gather(value: Any) -> list[Any]:
+    """Every rank's ``value`` (picklable), in rank order, on every rank. A collective: call it
+    only where every rank of the default group calls it in the same step."""
+    import torch
+
+    _, size = world()
+    if size == 1:
+        return [value]
+    out: list[Any] = [None] * size
+    torch.distributed.all_gather_object(out, value)
+    return out

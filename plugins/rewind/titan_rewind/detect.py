@@ -25,6 +25,7 @@ class Signals:
     :param nonfinite_loss: some rank's loss was NaN/Inf.
     :param nonfinite_grad: some rank's grad norm was NaN/Inf.
     :param skipped: some rank's optimizer skipped the update (fp16 loss scaler found inf).
+    :param cannot_roll_back: ranks that hold nothing to roll back to (0: every rank can).
     """
 
     loss: float | None
@@ -32,6 +33,7 @@ class Signals:
     nonfinite_loss: bool = False
     nonfinite_grad: bool = False
     skipped: bool = False
+    cannot_roll_back: int = 0
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from titan_plugins.settings import format_bytes
+from titan_plugins.settings import describe_bytes, format_bytes
 from titan_rewind import settings as s
 
 # Host bytes one snapshot keeps per parameter held by this rank: the model copy (2 in bf16,
@@ -75,8 +75,8 @@ def checks() -> list[Any]:
             Check(
                 "rewind.model_size",
                 status,
-                f"two snapshots of this rank's model and optimizer need {format_bytes(need)} "
-                f"({need} bytes) of {format_bytes(budget)}",
+                f"two snapshots of this rank's model and optimizer need "
+                f"{describe_bytes(need)} of {format_bytes(budget)}",
                 "" if status == OK else "raise TITAN_REWIND_MAX_HOST_BYTES or use more DP shards",
             )
         )

@@ -38,7 +38,11 @@ def titan_settings() -> list:
 
 @hookimpl(wrapper=True)
 def titan_train_step(step: Any) -> Any:
-    """Keep this rank's loss of each training call (last pipeline stage)."""
+    """Before the first training call, take the starting state's buffers and RNG states; keep
+    this rank's loss of each training call (last pipeline stage)."""
+    rewinder = _current()
+    if rewinder is not None and not step.forward_only:
+        rewinder.before_train_step(step)
     result = yield
     rewinder = _current()
     if rewinder is not None and not step.forward_only:
@@ -48,11 +52,11 @@ def titan_train_step(step: Any) -> Any:
 
 @hookimpl(wrapper=True)
 def titan_optimizer_step(step: Any) -> Any:
-    """Fence snapshot copies before the update; judge the step and snapshot or roll back
-    after it (every rank decides the same)."""
+    """Fence snapshot copies before the update (and take the starting state before the first
+    one); judge the step and snapshot or roll back after it (every rank decides the same)."""
     rewinder = _current()
     if rewinder is not None:
-        rewinder.before_optimizer_step()
+        rewinder.before_optimizer_step(step)
     result = yield
     if rewinder is not None:
         rewinder.after_optimizer_step(step, result)

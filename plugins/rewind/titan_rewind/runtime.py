@@ -14,15 +14,14 @@ Order inside one training iteration (all on the core's hooks, no patch of our ow
 from __future__ import annotations
 
 import logging
-import math
 import time
-from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from titan_rewind import collective, inject, loop
+from titan_rewind import collective, escalation, inject, loop, messages, reporting
 from titan_rewind.config import RewindConfig
 from titan_rewind.detect import Signals, Trigger
 from titan_rewind.errors import RewindError
+from titan_rewind.escalation import RewindEvent
 
 if TYPE_CHECKING:
     from titan_rewind.store import SnapshotStore
@@ -30,27 +29,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("titan_plugins.rewind")
 
 
-@dataclass
-class RewindEvent:
-    """One rollback, as logged and reported."""
-
-    step: int
-    trigger: str
-    value: float
-    threshold: float | None
-    snapshot_step: int
-    steps_skipped: int
-    microbatches_skipped: int
-    extra_microbatches_dropped: int
-    level: int
-    seconds: float
-
-
 def _rank() -> int:
-    import torch
-
-    dist = torch.distributed
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    return collective.world()[0]
 
 
 class Rewinder:
@@ -72,6 +52,19 @@ class Rewinder:
         self._warned: set[str] = set()
         self._megatron_checked = False
         self._optimizer_checked = False
+        # The starting state: buffers and RNG before the first forward, the rest before the
+        # first update.
+        self._early: Any = None
+        self._early_mark = 0
+        self._train_seen = False
+        self._start_done = False
+        self._no_model = False
+        self._ranks_without_target = 0  # as last reported by the all-reduce
+
+    @property
+    def store_if_built(self) -> SnapshotStore | None:
+        """The snapshot slots, or None before the first step built them."""
+        return self._store
 
     @property
     def store(self) -> SnapshotStore:
@@ -84,6 +77,19 @@ class Rewinder:
         return self._store
 
     # ------------------------------------------------------------------ hooks
+    def before_train_step(self, step: Any) -> None:
+        """Before the first training call runs: take the starting state's buffers and RNG
+        states (the forward-backward changes both)."""
+        if self._train_seen:
+            return
+        self._train_seen = True
+        self._early_mark = self.microbatches_read
+        chunks = [c for c in step.model if c is not None]
+        if chunks and not self._start_done:
+            from titan_rewind.snapshot import capture_early
+
+            self._early = capture_early(chunks)
+
     def after_train_step(self, step: Any, result: Any) -> None:
         """Add this rank's loss of a training call (reports exist on the last stage only)."""
         self.microbatches_read += step.num_microbatches
@@ -93,12 +99,41 @@ class Rewinder:
         if result:
             numerator, denominator = collective.local_loss(result, self.config.loss_key)
             if self._loss is not None:
-                numerator, denominator = numerator + self._loss[0], denominator + self._loss[1]
+                numerator, denominator = (
+                    numerator + self._loss[0],
+                    denominator + self._loss[1],
+                )
             self._loss = (numerator, denominator)
 
-    def before_optimizer_step(self) -> None:
-        """Snapshot copies in flight must finish before the update writes the tensors."""
+    def before_optimizer_step(self, opt_step: Any = None) -> None:
+        """Snapshot copies in flight must finish before the update writes the tensors; before
+        the first update, take the starting state."""
         self.store.fence()
+        if not self._start_done and opt_step is not None:
+            self._start_done = True
+            self._take_start(opt_step)
+
+    def _take_start(self, opt_step: Any) -> None:
+        optimizer = opt_step.optimizer
+        chunks = self._chunks(opt_step)
+        early, self._early = self._early, None
+        self._optimizer_checked = True
+        store = self.store
+        store.no_snapshot = store.no_snapshot or loop.unsupported(optimizer)
+        if not chunks:
+            self._no_model = True
+            return
+        mark = self._early_mark if early is not None else self.microbatches_read
+        # A refusal leaves nothing to roll back to: the job-wide notice after this optimizer
+        # step says so once for every rank (``_notice_targets``), not each rank.
+        store.capture_start(chunks, optimizer, early, mark)
+
+    @staticmethod
+    def _chunks(opt_step: Any) -> list[Any]:
+        train = opt_step.step
+        if train is not None:
+            return [c for c in train.model if c is not None]
+        return list(getattr(opt_step.optimizer, "model_chunks", None) or [])
 
     def after_optimizer_step(self, opt_step: Any, result: Any) -> None:
         """Judge the step (collectively) and snapshot or roll back."""
@@ -106,109 +141,135 @@ class Rewinder:
         index = train.index if train is not None else self.steps_checked
         loss, self._loss = self._loss, None
         update_successful, grad_norm = loop.unpack(result)
+        can_roll_back = self.store.rollback_target() is not None
         signals = collective.reduce_signals(
-            collective.local_vector(loss, grad_norm, update_successful)
+            collective.local_vector(loss, grad_norm, update_successful, can_roll_back)
         )
         self.steps_checked += 1
         self.last_signals = signals
         if signals.skipped:  # the fp16 loss scaler skipped the update: its business, not ours
             self.steps_skipped_by_scaler += 1
             return
-        chunks = (
-            train.model if train is not None else getattr(opt_step.optimizer, "model_chunks", [])
-        )
+        chunks = self._chunks(opt_step)
         trigger = self.detector.check(signals)
         if trigger is not None:
-            self._rewind(trigger, index, train, chunks, opt_step.optimizer)
+            self._rewind(trigger, index, train, chunks, opt_step.optimizer, signals)
             return
         if signals.nonfinite_loss or signals.nonfinite_grad:
             return  # the nonfinite check is off: not healthy, not acted on
         self.detector.accept(signals)
+        self._notice_targets(index, signals, can_roll_back)
         if not self._optimizer_checked:
             self._optimizer_checked = True
             self.store.no_snapshot = loop.unsupported(opt_step.optimizer)
         if not chunks:
+            self._no_model = True
             self._warn_once("no_model", "rewind: no model chunks known; no snapshot is taken")
             return
         self.store.on_healthy_step(index, chunks, opt_step.optimizer, self.microbatches_read)
-        if self.store.no_snapshot:
+        if self.store.no_snapshot and self.store.rollback_target() is not None:
+            # Later snapshots refused (the optimizer state grew): the held one stays the target.
             self._warn_once("no_snapshot", self.store.no_snapshot)
+
+    # ------------------------------------------------------------------ nothing to roll back to
+    def _why_no_target(self) -> tuple[str, tuple[str, ...]]:
+        """Why this rank holds nothing to roll back to, and the knobs that would lift it."""
+        return messages.no_target_reason(self.store, self._no_model, self.config.stable_after)
+
+    def _gather_reasons(self, can_roll_back: bool) -> tuple[list[str], list[int], list[str]]:
+        """Every rank's reason (a collective: every rank calls it in the same step)."""
+        mine = None if can_roll_back else self._why_no_target()
+        return messages.grouped(collective.gather(mine))
+
+    def _notice_targets(self, index: int, signals: Signals, can_roll_back: bool) -> None:
+        """When the number of ranks that hold nothing to roll back to changes to a non-zero
+        count, rank 0 says so once for the job (the reasons are gathered: collective)."""
+        count = signals.cannot_roll_back
+        if count == self._ranks_without_target:
+            return
+        self._ranks_without_target = count
+        if not count:
+            return
+        lines, _, _ = self._gather_reasons(can_roll_back)
+        size = collective.world()[1]
+        if _rank() == 0:
+            log.warning("%s", messages.targets_missing(index, count, size, lines))
+
+    def _cannot_roll_back(self, trigger: Trigger, index: int, signals: Signals) -> None:
+        """Some rank holds nothing to roll back to: every rank learns why (collective); a
+        non-finite step then raises ``RewindError`` on every rank (the full message on rank 0,
+        one line elsewhere), a spike is reported once and training continues."""
+        can = self.store.rollback_target() is not None
+        lines, ranks, knobs = self._gather_reasons(can)
+        size = collective.world()[1]
+        head, helped = messages.cannot_roll_back(trigger, index, lines, ranks, size, knobs)
+        if not trigger.kind.startswith("nonfinite"):
+            self.unhandled.append({"step": index, "trigger": trigger.kind, "value": trigger.value})
+            self._warn_once(
+                f"unhandled{index}",
+                "\n".join([head + "; training continues:", *lines, helped]),
+            )
+            return
+        reason = lines[0].split(": ", 1)[1] if lines else "nothing to roll back to"
+        if _rank() == 0:
+            message = "\n".join(
+                [
+                    head + "; the weights may hold NaN/Inf, so the run stops:",
+                    *lines,
+                    helped,
+                ]
+            )
+            primary = True
+        else:
+            message = messages.stop_elsewhere(
+                index,
+                trigger.kind,
+                "nothing to roll back to",
+                "why, and the knobs that would have helped",
+            )
+            primary = False
+        raise RewindError(message, step=index, reason=reason, knobs=knobs, primary=primary)
 
     # ------------------------------------------------------------------ rollback
     def _rewind(
-        self, trigger: Trigger, index: int, train: Any, chunks: list[Any], optimizer: Any
+        self,
+        trigger: Trigger,
+        index: int,
+        train: Any,
+        chunks: list[Any],
+        optimizer: Any,
+        signals: Signals,
     ) -> None:
-        previous = self.events[-1] if self.events else None
-        in_chain = previous is not None and index - previous.step <= self.config.escalate_window
-        level = previous.level + 1 if in_chain else 1
+        level = escalation.level(self.events, index, self.config.escalate_window)
         if level > self.config.max_rewinds:
-            chain = [e.step for e in self._chain()] + [index]
-            raise RewindError(
-                f"rewind: {trigger.describe()} at step {index} is fault number {level} within "
-                f"{self.config.escalate_window} steps of each other (steps "
-                f"{', '.join(map(str, chain))}), after {level - 1} rewind(s) to the snapshot of "
-                f"step {previous.snapshot_step}: the divergence persists. Inspect the data "
-                "after that step, lower the learning rate, or raise TITAN_REWIND_MAX_REWINDS / "
-                "TITAN_REWIND_ESCALATE_SKIP."
-            )
-        target = self.store.rollback_target()
-        if target is None:
-            why = self.store.no_snapshot or (
-                f"no snapshot has had {self.config.stable_after} healthy steps after it yet"
-            )
-            message = (
-                f"rewind: {trigger.describe()} at step {index}, but nothing to roll back to: {why}"
-            )
-            if trigger.kind.startswith("nonfinite"):
-                raise RewindError(message + "; the weights may hold NaN/Inf, stopping.")
-            self.unhandled.append({"step": index, "trigger": trigger.kind, "value": trigger.value})
-            self._warn_once(f"unhandled{index}", message + "; training continues.")
+            escalation.give_up(trigger, index, level, self.events, self.config.escalate_window)
+        if signals.cannot_roll_back:
+            self._cannot_roll_back(trigger, index, signals)
             return
         loop.assert_between_steps()
         started = time.perf_counter()
-        snapshot_step = target.step
         slot = self.store.restore(chunks, optimizer)
-        dropped = 0
+        seconds = time.perf_counter() - started
+        dropped, wanted, problem = 0, 0, None
         if level > 1 and self.config.escalate_skip:
-            dropped = loop.drop_batches(train, (level - 1) * self.config.escalate_skip)
+            steps = (level - 1) * self.config.escalate_skip
+            dropped, wanted, problem = escalation.drop(train, steps)
         event = RewindEvent(
             step=index,
             trigger=trigger.kind,
             value=trigger.value,
             threshold=trigger.threshold,
             snapshot_step=slot.step,
-            steps_skipped=index - snapshot_step,
+            steps_skipped=index - slot.step,
             microbatches_skipped=self.microbatches_read - slot.mark,
             extra_microbatches_dropped=dropped,
             level=level,
-            seconds=time.perf_counter() - started,
+            seconds=seconds,
+            extra_microbatches_wanted=wanted,
+            skip_problem=problem,
         )
         self.events.append(event)
-        self._log_event(event, trigger)
-
-    def _chain(self) -> list[RewindEvent]:
-        """The latest run of rewinds each within the escalation window of the one before."""
-        chain: list[RewindEvent] = []
-        for event in reversed(self.events):
-            if chain and chain[0].step - event.step > self.config.escalate_window:
-                break
-            chain.insert(0, event)
-        return chain
-
-    def _log_event(self, event: RewindEvent, trigger: Trigger) -> None:
-        extra = (
-            f", and dropped {event.extra_microbatches_dropped} more microbatches (escalation "
-            f"level {event.level})"
-            if event.level > 1
-            else ""
-        )
-        message = (
-            f"rewind: step {event.step}: {trigger.describe()}; restored the snapshot of step "
-            f"{event.snapshot_step} in {event.seconds * 1e3:.1f} ms; the {event.steps_skipped} "
-            f"step(s) since it ({event.microbatches_skipped} microbatches) are skipped{extra}; "
-            "the learning-rate schedule continues"
-        )
-        (log.warning if _rank() == 0 else log.debug)(message)
+        escalation.log_rollback(event, trigger, slot.label())
 
     # ------------------------------------------------------------------ megatron's own checks
     def _check_megatron(self, chunks: list[Any]) -> None:
@@ -237,51 +298,15 @@ class Rewinder:
     def effects(self) -> dict[str, int | float]:
         """Flat numbers of what happened in this process (``titan_effects``; empty before the
         first step)."""
-        if not self.steps_checked:
-            return {}
-        store = self._store
-        out: dict[str, int | float] = {
-            "steps_checked": self.steps_checked,
-            "rewinds": len(self.events),
-            "snapshots_taken": store.taken if store is not None else 0,
-            "snapshots_held": len(store.held()) if store is not None else 0,
-            "host_bytes": store.host_bytes() if store is not None else 0,
-            "microbatches_skipped": sum(e.microbatches_skipped for e in self.events),
-            "extra_microbatches_dropped": sum(e.extra_microbatches_dropped for e in self.events),
-            "restore_ms": round(sum(e.seconds for e in self.events) * 1e3, 3),
-        }
-        if self.events:
-            out["last_rewind_step"] = self.events[-1].step
-            out["last_restored_step"] = self.events[-1].snapshot_step
-        return out
+        return reporting.effects(self)
 
     def effect(self) -> dict[str, Any]:
         """This rank's numbers for the demo's after-training table and ``titan_report``."""
-        store = self._store
-        stable = store.rollback_target() if store is not None else None
-        held = store.describe() if store is not None else loop.no_store(self.config)
-        return {
-            "steps_checked": self.steps_checked,
-            "rewinds": len(self.events),
-            "events": [_jsonable(asdict(e)) for e in self.events],
-            "unhandled_triggers": list(self.unhandled),
-            "skipped_by_loss_scaler": self.steps_skipped_by_scaler,
-            "stable_snapshot_step": None if stable is None else stable.step,
-            "thresholds": self.detector.thresholds(),
-            "injected_nan_steps": sorted(inject.fired()),
-            **held,
-        }
+        return reporting.effect(self)
 
 
 _CURRENT: list[Rewinder] = []
 _STARTED_FOR = [0]  # the activation generation the current state machine belongs to
-
-
-def _jsonable(event: dict[str, Any]) -> dict[str, Any]:
-    """NaN / Inf values as text (``"nan"``), so reports stay strict JSON."""
-    return {
-        k: repr(v) if isinstance(v, float) and not math.isfinite(v) else v for k, v in event.items()
-    }
 
 
 def start(config: RewindConfig) -> Rewinder:

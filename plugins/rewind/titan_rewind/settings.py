@@ -13,7 +13,9 @@ DETECTORS = ("nonfinite", "loss", "grad_norm")
 
 
 def _step_list(items: tuple[str, ...]) -> str | None:
-    bad = [item for item in items if not item.isdigit()]
+    # ASCII digits only, and a step index that fits a training run ("²" and 5000-digit strings
+    # pass str.isdigit and then fail int() at activation)
+    bad = [item for item in items if not (item.isascii() and item.isdigit() and len(item) <= 12)]
     return f"{', '.join(bad)} not a step index (0, 1, 2, ...)" if bad else None
 
 
@@ -21,7 +23,8 @@ INTERVAL = Setting(
     "TITAN_REWIND_INTERVAL",
     int,
     10,
-    "Take a host snapshot after every this many healthy steps (the first one after step 0).",
+    "Take a host snapshot after every this many healthy steps (the first one after step 0; the "
+    "starting state, before the first update, is the first rollback target).",
     minimum=1,
 )
 STABLE_AFTER = Setting(
@@ -36,8 +39,9 @@ MAX_HOST_BYTES = Setting(
     "TITAN_REWIND_MAX_HOST_BYTES",
     BYTES,
     None,
-    "Host memory for the two snapshot slots of this process (e.g. 8G); over it no snapshot is "
-    "taken, with a warning naming the size needed.",
+    "Host memory for the two snapshot slots of this process (e.g. 8G), counted with the "
+    "optimizer state the first update creates; over it no snapshot is taken, with a warning "
+    "naming the size needed.",
     default_text="auto: 25% of RAM / local ranks",
     minimum=1,
 )

@@ -22,6 +22,7 @@ from titan_plugins import platform
 from titan_rewind import state as _state
 
 RANDOM = "megatron.core.tensor_parallel.random"
+START = -1  # the step label of the starting state: before step 0 updated anything
 
 
 class RestoreError(RuntimeError):
@@ -74,14 +75,36 @@ def restore_rng(rng: RngState) -> None:
 
 
 @dataclass
+class Early:
+    """What the starting-state snapshot takes before the first forward of the first training
+    call: the non-parameter buffers (MoE token counters and expert bias change during the
+    forward-backward) and the RNG states (dropout draws from them). Parameters, fp32 masters and
+    optimizer state are unchanged until the first update and are taken just before it."""
+
+    buffers: dict[str, torch.Tensor]
+    rng: RngState
+
+
+def capture_early(chunks: list[Any]) -> Early:
+    """Copy the buffers (on their device: small) and the RNG states, before the forward."""
+    collected = _state.collect(chunks, None)
+    buffers = {
+        e.name: e.tensor.detach().clone() for e in collected.entries if e.kind == _state.SMALL
+    }
+    return Early(buffers, capture_rng())
+
+
+@dataclass
 class Slot:
     """One snapshot: host tensors plus the plain values needed to rebuild the state.
 
-    :param step: index of the training step after which it was taken (-1: empty).
+    :param step: index of the training step after which it was taken; ``START`` (-1): the
+        starting state, before the first update.
     :param healthy_after: healthy steps seen since it was taken.
     """
 
     step: int = -1
+    taken: bool = False  # whether it holds a snapshot
     healthy_after: int = 0
     mark: int = 0  # the owner's counter at capture (rewind: microbatches read so far)
     taken_at: float = 0.0
@@ -97,7 +120,20 @@ class Slot:
     @property
     def empty(self) -> bool:
         """Whether it holds no snapshot."""
-        return self.step < 0
+        return not self.taken
+
+    @property
+    def start(self) -> bool:
+        """Whether it holds the starting state."""
+        return self.taken and self.step == START
+
+    def label(self) -> str:
+        """``the starting state (before step 0)`` / ``the snapshot of step 12``."""
+        return (
+            "the starting state (before step 0)"
+            if self.start
+            else f"the snapshot of step {self.step}"
+        )
 
     def nbytes(self) -> int:
         """Host bytes of its buffers."""
@@ -105,7 +141,7 @@ class Slot:
 
     def clear(self) -> None:
         """Forget the snapshot (the buffers are kept for reuse)."""
-        self.step, self.healthy_after = -1, 0
+        self.step, self.taken, self.healthy_after = -1, False, 0
 
     def fence(self) -> None:
         """Make the current stream wait for this slot's copies (before tensors are written)."""
@@ -122,9 +158,31 @@ class Slot:
 
 def planned_bytes(chunks: list[Any], optimizer: Any) -> int:
     """Host bytes one snapshot of this state needs."""
+    return plan(chunks, optimizer)[0]
+
+
+def plan(chunks: list[Any], optimizer: Any) -> tuple[int, int, bool]:
+    """Host bytes of one snapshot of this state now; the bytes it will need once every optimized
+    parameter has its optimizer state; and whether that second figure is exact.
+
+    Before the first update torch has created no optimizer state yet. For Adam-type optimizers
+    (torch Adam / AdamW, TE and Apex FusedAdam) it is estimated as torch creates it: two moments
+    of the parameter's size and dtype and a 4-byte step count per parameter. For any other
+    optimizer with missing state the figure is the current one, a lower bound (exact: False).
+    """
     collected = _state.collect(chunks, optimizer)
-    extra, *_ = _state.collect_optimizer_state(collected)
-    return collected.nbytes() + sum(e.tensor.numel() * e.tensor.element_size() for e in extra)
+    extra, plans, *_ = _state.collect_optimizer_state(collected)
+    now = collected.nbytes() + sum(e.tensor.numel() * e.tensor.element_size() for e in extra)
+    full, exact = now, True
+    for record, per_param in zip(collected.optimizers, plans):
+        adam = "adam" in type(record.inner).__name__.lower()
+        for param, items in zip(record.params, per_param):
+            if items is None:
+                if adam:
+                    full += 2 * param.numel() * param.element_size() + 4
+                else:
+                    exact = False
+    return now, full, exact
 
 
 def _allocate(slot: Slot, entries: list[_state.Entry]) -> None:
@@ -148,8 +206,12 @@ class Snapshotter:
             self._stream = platform.new_stream()
         return self._stream
 
-    def capture(self, slot: Slot, step: int, chunks: list[Any], optimizer: Any) -> None:
-        """Copy the state after training step ``step`` into ``slot``."""
+    def capture(
+        self, slot: Slot, step: int, chunks: list[Any], optimizer: Any, early: Early | None = None
+    ) -> None:
+        """Copy the state after training step ``step`` into ``slot``; with ``early``, its
+        buffers and RNG states replace the live ones (the starting state: taken before the
+        first forward, the rest just before the first update)."""
         started = time.perf_counter()
         slot.synchronize()  # a copy still running into these buffers must finish first
         collected = _state.collect(chunks, optimizer)
@@ -160,9 +222,13 @@ class Snapshotter:
             _allocate(slot, entries)
             slot.signature = signature
         current = platform.current_stream()
+        earlier = early.buffers if early is not None else {}
         for entry, host in zip(entries, slot.host):
             if entry.kind == _state.SMALL:
-                host.copy_(entry.tensor, non_blocking=True)
+                source = earlier.get(entry.name)
+                if source is None or source.shape != entry.tensor.shape:
+                    source = entry.tensor
+                host.copy_(source, non_blocking=True)
         events = [current.record_event()]
         side = self.stream
         side.wait_stream(current)
@@ -173,8 +239,8 @@ class Snapshotter:
             events.append(side.record_event())
         slot.events = events
         slot.plans, slot.group_steps, slot.scalers = plans, group_steps, scalers
-        slot.rng = capture_rng()
-        slot.step, slot.healthy_after, slot.taken_at = step, 0, time.time()
+        slot.rng = early.rng if early is not None else capture_rng()
+        slot.step, slot.taken, slot.healthy_after, slot.taken_at = step, True, 0, time.time()
         slot.capture_seconds = time.perf_counter() - started
 
     def restore(self, slot: Slot, chunks: list[Any], optimizer: Any) -> None:
@@ -189,8 +255,8 @@ class Snapshotter:
         base = [(e.name, tuple(e.tensor.shape), e.tensor.dtype) for e in collected.entries]
         if base != slot.signature[: len(base)]:
             raise RestoreError(
-                "rewind: the model or optimizer changed since the snapshot of step "
-                f"{slot.step} (parameters added, removed or reshaped); cannot restore"
+                f"rewind: the model or optimizer changed since {slot.label()} (parameters "
+                "added, removed or reshaped); cannot restore"
             )
         with torch.no_grad():
             # In place through each tensor itself: bumps its version counter, so caches keyed

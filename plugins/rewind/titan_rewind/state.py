@@ -78,7 +78,8 @@ def leaf_optimizers(optimizer: Any) -> list[Any]:
 
 
 def collect(chunks: list[Any], optimizer: Any) -> Collected:
-    """Collect the live model and optimizer tensors (no copy)."""
+    """Collect the live model and optimizer tensors (no copy); ``optimizer`` None: the model's
+    only."""
     out = Collected()
     seen: set[int] = set()
     for index, chunk in enumerate(chunks):
@@ -93,6 +94,8 @@ def collect(chunks: list[Any], optimizer: Any) -> Collected:
                 # Buffers (token counters) change during the next forward: copy them in order.
                 out.entries.append(Entry(buffer.detach(), SMALL, f"chunk{index}.{name}"))
     model_params = set(seen)
+    if optimizer is None:
+        return out
     for number, leaf in enumerate(leaf_optimizers(optimizer)):
         inner = getattr(leaf, "optimizer", None)
         params = []

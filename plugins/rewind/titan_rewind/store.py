@@ -1,6 +1,12 @@
 """Two snapshot slots: the last *stable* snapshot and the newest *pending* one.
 
-A snapshot is taken after every ``interval`` healthy steps; it becomes stable once
+The first snapshot is the *starting state* (:meth:`SnapshotStore.capture_start`): the model and
+optimizer as loaded, taken before the first update. It is stable by definition (no update can
+have spoiled it), so it goes into the stable slot at once and a fault in the very first steps
+rolls back to it; the first regular snapshot replaces it once that one is stable.
+
+A snapshot is taken after every ``interval`` healthy steps (the first after step 0, and again
+after a rollback to the starting state); it becomes stable once
 ``stable_after`` healthy steps followed it (a spike often builds up over a few steps, so the
 newest copy may already hold the start of it). Then it replaces the previous stable one, whose
 buffers take the next snapshot. While the pending snapshot is not stable yet, the next one
@@ -15,9 +21,9 @@ import time
 from collections import deque
 from typing import Any
 
-from titan_plugins.settings import format_bytes
+from titan_plugins.settings import describe_bytes, format_bytes
 from titan_rewind.doctor import default_budget
-from titan_rewind.snapshot import Slot, Snapshotter, planned_bytes  # imports torch
+from titan_rewind.snapshot import START, Early, Slot, Snapshotter, plan  # imports torch
 
 
 class SnapshotStore:
@@ -37,7 +43,10 @@ class SnapshotStore:
         self.since_snapshot = 0  # healthy steps since the last snapshot (or restore)
         self.taken = 0
         self.no_snapshot: str = ""  # why no snapshot is taken (over budget, unsupported setup)
-        self.planned: int = 0  # host bytes of one snapshot (0 until first planned)
+        self.no_snapshot_reason: str = ""  # the same in short, for a job-wide message
+        self.no_snapshot_knobs: tuple[str, ...] = ()  # knobs that would lift that refusal
+        self.planned: int = 0  # host bytes of one snapshot (the latest planned; 0 before)
+        self.regular_taken = False  # a snapshot after a step since the start (or its restore)
         self.capture_seconds = 0.0
         self.recent_captures: deque[float] = deque(maxlen=100)  # seconds of the last captures
 
@@ -53,44 +62,105 @@ class SnapshotStore:
         if not self.pending.empty and self.pending.healthy_after >= self.stable_after:
             self.stable, self.pending = self.pending, self.stable
             self.pending.clear()
-        due = self.taken == 0 or self.since_snapshot >= self.interval
+        due = not self.regular_taken or self.since_snapshot >= self.interval
         if not due or not self.pending.empty or self.no_snapshot:
             return False
         if not self._fits(chunks, optimizer):
             return False
-        self.snapshotter.capture(self.pending, step, chunks, optimizer)
-        self.pending.mark = mark
-        self.capture_seconds += self.pending.capture_seconds
-        self.recent_captures.append(self.pending.capture_seconds)
-        self.since_snapshot = 0
-        self.taken += 1
+        self._capture(self.pending, step, chunks, optimizer, mark)
+        self.regular_taken = True
         return True
 
-    def _fits(self, chunks: list[Any], optimizer: Any) -> bool:
-        if not self.planned:
-            self.planned = planned_bytes(chunks, optimizer)
-        need = 2 * self.planned
-        if need <= self.budget and self.ledger.held >= need:
-            return True
-        if need <= self.budget and self.ledger.grow(need - self.ledger.held):
-            return True
-        if need <= self.budget:
-            from titan_plugins import host_memory
-
-            self.no_snapshot = (
-                f"rewind: two snapshots of this rank need {format_bytes(need)} ({need} bytes) "
-                "of host memory, over what the plugins' shared host-memory limit leaves "
-                f"(TITAN_PLUGINS_MAX_HOST_BYTES; held now: {host_memory.usage()}); no snapshot "
-                "is taken, so a fault cannot be rolled back. Raise the shared limit or lower "
-                "another plugin's share (e.g. TITAN_ACT_OFFLOAD_MAX_HOST_BYTES)."
-            )
+    def capture_start(
+        self, chunks: list[Any], optimizer: Any, early: Early | None = None, mark: int = 0
+    ) -> bool:
+        """Take the starting state into the stable slot: call it before the first update
+        (parameters, masters and optimizer state as loaded), with ``early`` taken before the
+        first forward (buffers, RNG). Returns whether it was taken."""
+        if self.no_snapshot or not self._fits(chunks, optimizer):
             return False
-        self.no_snapshot = (
-            f"rewind: two snapshots of this rank need {format_bytes(need)} ({need} bytes) of "
-            f"host memory, over the budget of {format_bytes(self.budget)}; no snapshot is "
-            "taken, so a fault cannot be rolled back. Raise TITAN_REWIND_MAX_HOST_BYTES (or "
-            "shard the optimizer state: more data-parallel ranks with the distributed optimizer)."
+        self._capture(self.stable, START, chunks, optimizer, mark, early)
+        self.pending.clear()
+        self.regular_taken = False
+        return True
+
+    def _capture(
+        self,
+        slot: Slot,
+        step: int,
+        chunks: list[Any],
+        optimizer: Any,
+        mark: int,
+        early: Early | None = None,
+    ) -> None:
+        self.snapshotter.capture(slot, step, chunks, optimizer, early)
+        slot.mark = mark
+        self.capture_seconds += slot.capture_seconds
+        self.recent_captures.append(slot.capture_seconds)
+        self.since_snapshot = 0
+        self.taken += 1
+
+    def _fits(self, chunks: list[Any], optimizer: Any) -> bool:
+        """Whether two snapshots fit the budget and the plugins' shared ledger (reserving them
+        there); otherwise set ``no_snapshot`` (why, and the knobs that would lift it). Planned
+        at every capture (the optimizer state may grow)."""
+        self.planned, full, exact = plan(chunks, optimizer)
+        # Two snapshots as they will be once the optimizer has its state (Adam's moments appear
+        # at the first update): checked and reserved from the starting state on, so the budget
+        # is known at step 0 and later snapshots do not find it short.
+        need = 2 * full
+        if need <= self.budget and (
+            self.ledger.held >= need or self.ledger.grow(need - self.ledger.held)
+        ):
+            return True
+        from titan_plugins import host_memory
+
+        usage = host_memory.usage()
+        others = {k: v for k, v in usage.items() if k not in ("rewind", "total", "limit")}
+        shared_need = sum(others.values()) + need
+        size = f"{'' if exact else 'at least '}{describe_bytes(need)}"
+        later = ""
+        if full > self.planned:
+            later = " (with the Adam moments the first update creates)"
+        if not exact:
+            later = " (more once the optimizer creates its state at the first update)"
+        if need > self.budget:
+            knobs = ["TITAN_REWIND_MAX_HOST_BYTES"]
+            advice = f"TITAN_REWIND_MAX_HOST_BYTES >= {format_bytes(need)}"
+            if shared_need > usage["limit"]:
+                knobs.append("TITAN_PLUGINS_MAX_HOST_BYTES")
+                advice += f" and TITAN_PLUGINS_MAX_HOST_BYTES >= {format_bytes(shared_need)}"
+            advice += (
+                " (or shard the optimizer state: more data-parallel ranks with the distributed "
+                "optimizer)"
+            )
+            why = (
+                f"two snapshots of this rank need {size} of host memory{later}, over the rewind "
+                f"budget of {format_bytes(self.budget)} (TITAN_REWIND_MAX_HOST_BYTES)"
+            )
+        else:
+            knobs = ["TITAN_PLUGINS_MAX_HOST_BYTES"]
+            knobs += [f"TITAN_{owner.upper()}_MAX_HOST_BYTES" for owner in others]
+            advice = f"TITAN_PLUGINS_MAX_HOST_BYTES >= {format_bytes(shared_need)}"
+            if others:
+                advice += " or a smaller share for " + ", ".join(
+                    f"{owner} (TITAN_{owner.upper()}_MAX_HOST_BYTES, holds {format_bytes(held)})"
+                    for owner, held in others.items()
+                )
+            why = (
+                f"two snapshots of this rank need {size} of host memory{later}, over what the "
+                f"plugins' shared host-memory limit of {format_bytes(usage['limit'])} leaves "
+                f"(TITAN_PLUGINS_MAX_HOST_BYTES; held now: {host_memory.held_text()})"
+            )
+        held = self.rollback_target()
+        then = (
+            f"no further snapshot is taken; a fault rolls back to {held.label()}"
+            if held is not None
+            else "no snapshot is taken, so a fault cannot be rolled back"
         )
+        self.no_snapshot = f"rewind: {why}; {then}. Would help: {advice}."
+        self.no_snapshot_reason = f"{why}; would help: {advice}"
+        self.no_snapshot_knobs = tuple(knobs)
         return False
 
     # ------------------------------------------------------------------ rollback
@@ -106,6 +176,8 @@ class SnapshotStore:
         self.pending.clear()
         self.snapshotter.restore(slot, chunks, optimizer)
         self.since_snapshot = 0
+        if slot.start:  # back at the start: the schedule starts over (next healthy step)
+            self.regular_taken = False
         return slot
 
     def fence(self) -> None:
@@ -129,6 +201,7 @@ class SnapshotStore:
             "snapshots": [
                 {
                     "step": slot.step,
+                    "start": slot.start,
                     "stable": slot is self.stable,
                     "healthy_steps_after": slot.healthy_after,
                     "age_s": round(now - slot.taken_at, 3),

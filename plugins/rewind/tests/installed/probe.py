@@ -9,7 +9,7 @@ import socket
 
 
 def main() -> None:
-    from titan_plugins.testing import cpu_harness
+    from titan_plugins.hosts.megatron.testing import cpu_harness
 
     cpu_harness.install()
     import torch.distributed as dist
@@ -22,7 +22,7 @@ def main() -> None:
     import titan_rewind
 
     from titan_plugins import report
-    from titan_plugins.testing import tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
 
     plugins = {p["name"]: p["state"] for p in report.collect()["plugins"]}
     tiny_gpt.init_parallel()
