@@ -141,7 +141,7 @@ def test_hostile_headers_are_problems_of_their_file(tmp_path: Path, capsys):
     assert "invalid world_size True" in " ".join(by_file["world-bool.json"])
     # 5000 nested lists: RecursionError (stdlib) / a depth error (orjson): this file only
     assert "unreadable trace" in " ".join(by_file["deep.json"])
-    assert "events skipped" in " ".join(by_file["weird-3.json"])
+    assert "5 events dropped" in " ".join(by_file["weird-3.json"])  # 3 ts 1e308, 2 NaN
     # world-bool.json's rank (1) is valid, its size is not; weird-3.json is analysed
     assert set(report["ranks"]) == {"0", "1", "2", "3"}
     assert "files disagree on pp_size" in " ".join(by_file["(directory)"])
@@ -203,10 +203,12 @@ def test_summary_of_a_nan_trace_is_valid_json(tmp_path: Path):
     path = tmp_path / "rank-0.json"
     path.write_text(
         '{"distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": ['
-        '{"ph": "X", "cat": "kernel", "name": "k", "ts": 1e308, "dur": 1e308, "args": {}},'
-        '{"ph": "X", "cat": "kernel", "name": "k", "ts": 10, "dur": 5, "args": {}}]}'
+        '{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1e308, "dur": 1e308, '
+        '"args": {}},'
+        '{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 5, '
+        '"args": {}}]}'
     )
     s = summarize(str(path))
     json.dumps(s, allow_nan=False)
     assert s["temporal"]["span_us"] == 5.0
-    assert any("absurd" in p for p in s["problems"])
+    assert any("1 with a ts that is not finite" in p for p in s["problems"])

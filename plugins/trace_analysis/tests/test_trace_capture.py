@@ -37,7 +37,8 @@ def _steps(trace: dict) -> list[str]:
 
 def megatron_capture_task(out_dir: str) -> dict:
     """Train 4 iterations with PP=2 under TITAN_TRACE_STEPS=2-3; return what the capture did."""
-    from titan_plugins.testing import plugin_active, tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
+    from titan_plugins.testing import plugin_active
 
     tiny_gpt.init_parallel(pp=2)
     cfg = tiny_gpt.make_config()

@@ -37,7 +37,8 @@ def capture_task(out_dir: str, ep: int) -> str | None:
 
     from megatron.core import parallel_state as ps
 
-    from titan_plugins.testing import plugin_active, tiny_gpt
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
+    from titan_plugins.testing import plugin_active
 
     tiny_gpt.init_parallel(pp=2, ep=ep)
     cfg = tiny_gpt.make_config()

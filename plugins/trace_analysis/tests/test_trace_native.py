@@ -25,8 +25,9 @@ import gen_traces
 import pytest
 from titan_trace_analysis import fastpath
 from titan_trace_analysis import summarize as summarize_module
+from titan_trace_analysis.drops import MAX_DUR, MAX_TS
 from titan_trace_analysis.ops import GPU_CATS, Op, OpBuilder
-from titan_trace_analysis.reader import TraceReader
+from titan_trace_analysis.reader import MAX_STRING, TraceReader
 from titan_trace_analysis.summarize import Options, summarize
 
 HTA = Path(__file__).resolve().parent / "data" / "hta"
@@ -50,6 +51,20 @@ def test_the_scanner_is_built_wherever_it_can_be():
     assert NATIVE, "titan_trace_analysis._native missing: reinstall titan-trace-analysis"
     assert fastpath.reader_name() == "native+" + fastpath.codec().name
     assert fastpath.reader_name(pure=True) == "stdlib"
+
+
+def test_an_extension_built_from_older_source_is_left_unused(monkeypatch):
+    """An editable checkout whose extension was not rebuilt has another scan(): the reader
+    reads with its Python loop instead (same results) and --version says why."""
+
+    class Old:  # a module from older source: no API constant, a scan of three arguments
+        @staticmethod
+        def scan(buf: bytes, hold: int, launches: dict) -> None:
+            raise AssertionError("a stale scan() was called")
+
+    monkeypatch.setattr(fastpath, "_native", Old)
+    assert fastpath.native_scan() is None and fastpath.native_stale()
+    assert "native extension out of date: reinstall" in fastpath.reader_name()
 
 
 def _norm(ev: Any) -> tuple:
@@ -269,20 +284,26 @@ def test_randomised_traces_read_the_same(tmp_path: Path, seed: int):
 
 @needs_native
 def test_the_native_scanner_hands_over_what_it_cannot_vouch_for(tmp_path: Path):
-    """Tuples only for clean GPU events; everything else reaches Python as before."""
+    """Tuples only for clean GPU events; everything else reaches Python as before, and so do
+    the events Python drops (it counts why): times out of range, no integer pid / tid."""
+    ids = '"pid": 0, "tid": 7'
     events = [
-        '{"ph": "X", "cat": "kernel", "name": "k1", "ts": 10, "dur": 2, "args": {"correlation": 5}}',
-        '{"ph": "X", "cat": "kernel", "name": "k\\u00e9", "ts": 10, "dur": 2, "args": {}}',
-        '{"ph": "X", "cat": "gpu_memcpy", "name": "m", "ts": 1.5e3, "args": {"correlation": -0}}',
-        '{"ph": "X", "cat": "kernel", "name": "k3", "ts": 123456789012345678901, "dur": 1}',
-        '{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "ts": 1, "dur": 50}',
+        '{"ph": "X", "cat": "kernel", "name": "k1", %s, "ts": 10, "dur": 2, "args": {"correlation": 5}}',
+        '{"ph": "X", "cat": "kernel", "name": "k\\u00e9", %s, "ts": 10, "dur": 2, "args": {}}',
+        '{"ph": "X", "cat": "gpu_memcpy", "name": "m", %s, "ts": 1.5e3, "args": {"correlation": -0}}',
+        '{"ph": "X", "cat": "kernel", "name": "k3", %s, "ts": 123456789012345678901, "dur": 1}',
+        '{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", %s, "ts": 1, "dur": 50}',
+        '{"ph": "X", "cat": "kernel", "name": "k4", "pid": 0, "ts": 10, "dur": 2}',
+        '{"ph": "X", "cat": "kernel", "name": "k5", "pid": 0, "tid": "7", "ts": 10, "dur": 2}',
+        '{"ph": "X", "cat": "kernel", "name": "k6", %s, "ts": 10, "dur": -2}',
+        '{"ph": "X", "cat": "kernel", "name": "k7", %s, "ts": 1e18, "dur": 2}',
     ] * 4  # fmt: skip
-    text = '{"traceEvents": [' + ", ".join(events) + "]}"
+    text = '{"traceEvents": [' + ", ".join(e.replace("%s", ids) for e in events) + "]}"
     path = _write(tmp_path / "t.json", text.encode(), gz=False)
     reader = TraceReader(str(path), native=True, block=64)
     items = [ev for batch in reader.records() for ev in batch]
     kinds = [type(ev).__name__ for ev in items]
-    assert kinds[:5] == ["tuple", "dict", "tuple", "dict", "dict"]
+    assert kinds[:9] == ["tuple", "dict", "tuple", "dict", "dict", "dict", "dict", "dict", "dict"]
     assert items[0] == ("kernel", 10.0, 2.0, "k1", 5, b'{"correlation": 5}')
     assert items[2] == ("gpu_memcpy", 1500.0, 0.0, "m", 0, b'{"correlation": -0}')
     assert items[1]["name"] == "ké" and items[3]["ts"] == 1.2345678901234568e20  # orjson: a float
@@ -364,7 +385,8 @@ def _built(path: Path, take: Any, block: int) -> tuple:
     rest = []
     for batch in TraceReader(str(path), native=take is not None, block=block).records():
         rest += b.batch(batch)
-    state = (b.gpu, sorted(b.names.items()), sorted(b._klass.items()), b.raw_comm, b.bad_times)
+    state = (b.gpu, sorted(b.names.items()), sorted(b._klass.items()), b.raw_comm,
+             sorted(b.drops.pairs.items()))  # fmt: skip
     return repr(state), json.dumps(rest, sort_keys=True)
 
 
@@ -372,7 +394,7 @@ def _built(path: Path, take: Any, block: int) -> tuple:
 def test_the_native_builder_loop_builds_what_the_python_loop_builds(tmp_path: Path):
     """``_native.take`` on the native reader's records against the Python reader's dicts
     through ``gpu_event``: the same Ops (repr: bit for bit), names totals, kernel classes,
-    communication args, bad-time count and leftover events, in the same order."""
+    communication args, drops by reason and kind, and leftover events, in the same order."""
     take = fastpath.native_take()
     files = []
     for seed in range(4):
@@ -475,7 +497,8 @@ def test_the_scalar_build_scans_as_the_simd_build(tmp_path: Path):
         for cut in range(0, len(body), 997):
             buf = body[cut : cut + 4000]
             a, b = {}, {}
-            assert scalar.scan(buf, 4, a) == _native.scan(buf, 4, b) and a == b
+            limits = (MAX_TS, MAX_DUR, MAX_STRING)
+            assert scalar.scan(buf, 4, a, *limits) == _native.scan(buf, 4, b, *limits) and a == b
 
 
 @needs_native
@@ -524,7 +547,7 @@ def test_a_launch_time_float_refuses_costs_that_event_not_the_file(tmp_path: Pat
         assert reader.bad_events == 3 and len(items) == 6, (native, reader.bad_events)
     s = summarize(str(path))
     assert s["status"] == "partial" and s["steps"] and not s.get("truncated")
-    assert any("3 events skipped" in p for p in s["problems"])
+    assert any("3 events dropped" in p and "3 launches" in p for p in s["problems"])
 
 
 def test_a_damaged_event_at_the_end_is_not_a_cut_file(tmp_path: Path):

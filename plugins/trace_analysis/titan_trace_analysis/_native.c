@@ -16,10 +16,13 @@
  * - a GPU event becomes a tuple of its fields only when this parser can vouch that orjson would
  *   give the same values: strict JSON, ASCII, no escapes in the fields read, integers of at most
  *   18 digits, no exponent that could overflow; anything else is handed back as the raw piece,
- *   and Python parses it as before.
- * Where Python would raise or retry (a launch time float() rejects, a piece whose parse fails
- * and needs its neighbours), scan() returns None and reader.py runs the Python loop over the
- * whole buffer again: same results by construction (launch records are idempotent).
+ *   and Python parses it as before.  So is an event Python drops (drops.check: a ts or dur out
+ *   of range, no integer pid and tid; a piece longer than the per-string limit, which Python
+ *   searches for an over-long string): Python counts each drop with its reason.
+ * Where Python would raise, drop or retry (a launch time float() rejects or that is out of
+ * range, a piece whose parse fails and needs its neighbours), scan() returns None and reader.py
+ * runs the Python loop over the whole buffer again: same results by construction (launch
+ * records are idempotent, and this scan counts no drop).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -271,8 +274,14 @@ typedef struct {
 
 typedef struct {
     const char *p, *e;
-    jval cat, name, ts, dur, args, corr;
+    jval cat, name, ts, dur, args, corr, pid, tid;
 } parser;
+
+/* what a GPU event must satisfy to become a tuple (drops.check; the rest goes to Python) */
+typedef struct {
+    double max_ts, max_dur;
+    Py_ssize_t max_string;
+} limits;
 
 static inline void skip_ws(parser *ps) {
     while (ps->p < ps->e && json_ws((unsigned char)*ps->p)) ps->p++;
@@ -391,6 +400,8 @@ static int parse_members(parser *ps, int depth, int role, int braced) {
             else if (klen == 4 && memcmp(key.s, "name", 4) == 0) slot = &ps->name;
             else if (klen == 2 && memcmp(key.s, "ts", 2) == 0) slot = &ps->ts;
             else if (klen == 3 && memcmp(key.s, "dur", 3) == 0) slot = &ps->dur;
+            else if (klen == 3 && memcmp(key.s, "pid", 3) == 0) slot = &ps->pid;
+            else if (klen == 3 && memcmp(key.s, "tid", 3) == 0) slot = &ps->tid;
             else if (klen == 4 && memcmp(key.s, "args", 4) == 0) {
                 slot = &ps->args;
                 child_role = ROLE_ARGS;
@@ -525,8 +536,9 @@ static PyObject *name_str(const char *s, Py_ssize_t n) {
 /* The fields of one GPU event: (cat, ts, dur, name, corr, args JSON bytes or None), as
  * ops.OpBuilder.gpu_event would take them from orjson's dict; Py_None when this parser cannot
  * vouch for that (Python parses the piece); NULL on a Python error. */
-static PyObject *gpu_fields(const char *p, const char *e) {
+static PyObject *gpu_fields(const char *p, const char *e, const limits *lim) {
     parser ps;
+    if (e - p > lim->max_string) Py_RETURN_NONE; /* Python looks for an over-long string */
     memset(&ps, 0, sizeof(ps));
     ps.p = p;
     ps.e = e;
@@ -542,6 +554,9 @@ static PyObject *gpu_fields(const char *p, const char *e) {
     if (!number_value(&ps.ts, &ts)) Py_RETURN_NONE;
     if (ps.dur.type != J_NONE && !number_value(&ps.dur, &dur)) Py_RETURN_NONE;
     if (ps.name.type != J_NONE && (ps.name.type != J_STR || ps.name.escaped)) Py_RETURN_NONE;
+    /* Python drops these and says why; NaN cannot come from this parser */
+    if (!(-lim->max_ts <= ts && ts <= lim->max_ts && 0.0 <= dur && dur <= lim->max_dur)) Py_RETURN_NONE;
+    if (ps.pid.type != J_INT || ps.tid.type != J_INT) Py_RETURN_NONE;
 
     PyObject *out = PyTuple_New(6), *item;
     if (out == NULL) return NULL;
@@ -610,7 +625,8 @@ static int set_launch(PyObject *launches, long long corr, double ts, long long t
 }
 
 /* one selected piece, as the body of reader.TraceReader._parse's loop */
-static int handle(const char *p, const char *e, PyObject *items, PyObject *raw, PyObject *launches) {
+static int handle(const char *p, const char *e, PyObject *items, PyObject *raw, PyObject *launches,
+                  const limits *lim) {
     Py_ssize_t n = e - p;
     if (FIND_WITHIN(p, n, "_runtime\"", 0, 96) || FIND_WITHIN(p, n, "_driver\"", 0, 96)) {
         span tid, ts, corr;
@@ -618,12 +634,13 @@ static int handle(const char *p, const char *e, PyObject *items, PyObject *raw, 
             long long t = small_int(tid), c = small_int(corr);
             double f;
             if (t < 0 || c < 0 || !py_float(ts, &f)) return H_FALLBACK; /* Python raises */
+            if (!(-lim->max_ts <= f && f <= lim->max_ts)) return H_FALLBACK; /* Python drops it */
             return set_launch(launches, c, f, t) < 0 ? H_ERROR : H_DONE;
         }
     } else if (FIND_WITHIN(p, n, "\"user_annotation\"", 5, 96)) {
         if (FIND(p, e, "ProfilerStep#", 12) == NULL && !comm_mark(p, e)) return H_DONE;
     }
-    PyObject *fields = gpu_fields(p, e);
+    PyObject *fields = gpu_fields(p, e, lim);
     if (fields == NULL) return H_ERROR;
     if (fields == Py_None) {
         /* Python parses this one: (position in items, the piece) */
@@ -640,17 +657,21 @@ static int handle(const char *p, const char *e, PyObject *items, PyObject *raw, 
 }
 
 PyDoc_STRVAR(scan_doc,
-"scan(buf, hold, launches) -> (consumed, pieces, items, raw) or None\n\n"
+"scan(buf, hold, launches, max_ts, max_dur, max_string) -> (consumed, pieces, items, raw) or None\n\n"
 "The events of buf (the traceEvents text after the opening '{'), all but the last `hold`\n"
 "pieces. Launch records go into `launches` (correlation -> (time, thread)); items holds, in\n"
 "reader order, a (cat, ts, dur, name, corr, args bytes | None) tuple per GPU event parsed here\n"
-"and None where raw has (index, piece) for Python to parse. None: run the Python loop.");
+"and None where raw has (index, piece) for Python to parse (and, if drops.check refuses it,\n"
+"drop). None: run the Python loop.");
 
 static PyObject *scan(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t hold;
     PyObject *launches;
-    if (!PyArg_ParseTuple(args, "y*nO!", &view, &hold, &PyDict_Type, &launches)) return NULL;
+    limits lim;
+    if (!PyArg_ParseTuple(args, "y*nO!ddn", &view, &hold, &PyDict_Type, &launches, &lim.max_ts,
+                          &lim.max_dur, &lim.max_string))
+        return NULL;
     const char *b = view.buf, *e = b + view.len;
     PyObject *result = NULL, *items = NULL, *raw = NULL;
     Py_ssize_t cap = 4096, k = 0, nsteps = 0;
@@ -691,12 +712,12 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     int any_step = FIND(b, e, "ProfilerStep#", 12) != NULL;
     for (Py_ssize_t i = 0; i < limit && rc == H_DONE; i++) {
         const char *ps = pieces[i].s, *pe = pieces[i].e;
-        if (wanted(ps, pe)) rc = handle(ps, pe, items, raw, launches);
+        if (wanted(ps, pe)) rc = handle(ps, pe, items, raw, launches, &lim);
         else if (any_step && FIND(ps, pe, "ProfilerStep#", 12) != NULL) steps[nsteps++] = i;
     }
     /* ProfilerStep written as a cpu_op: reader.py appends these after the wanted ones */
     for (Py_ssize_t j = 0; j < nsteps && rc == H_DONE; j++)
-        rc = handle(pieces[steps[j]].s, pieces[steps[j]].e, items, raw, launches);
+        rc = handle(pieces[steps[j]].s, pieces[steps[j]].e, items, raw, launches, &lim);
     if (rc == H_ERROR) goto done;
     if (rc == H_FALLBACK) {
         result = Py_None;
@@ -1263,5 +1284,12 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (CAT_KERNEL == NULL || CAT_MEMCPY == NULL || CAT_MEMSET == NULL || EMPTY == NULL ||
         CAT_KEY == NULL)
         return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    /* fastpath.NATIVE_API: the scan() signature reader.py calls; a build from older source
+     * (an editable checkout not rebuilt) has another and is left unused */
+    if (m != NULL && PyModule_AddIntConstant(m, "API", 2) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -86,6 +86,7 @@ def analyze(trace_dir: str, out_dir: str, settings: Settings | None = None, **kw
                 "partial": is_partial(s),
                 "temporal": s.get("temporal_hta" if st.map.window == "hta" else "temporal"),
                 "mean_per_step": table.get(r),
+                **{k: s[k] for k in ("dropped", "compute_not_measured") if k in s},
             }
             for r, s in sorted(by_rank.items())
         },
@@ -117,7 +118,10 @@ def finish(report: dict[str, Any]) -> None:
 
 
 def _critical_paths(by_rank: dict[int, dict], steps: list[str]) -> dict[str, Any]:
-    paths = {r: s["timeline"] for r, s in by_rank.items() if s.get("timeline")}
+    # a rank without a timeline (its compute was not measured) is as absent as a missing one:
+    # the walk reports it as a rank it needed instead of reading its compute as idle time
+    by_rank = {r: s for r, s in by_rank.items() if s.get("timeline")}
+    paths = {r: s["timeline"] for r, s in by_rank.items()}
     stage = {r: stage_of(s) for r, s in by_rank.items()}
     out: dict[str, Any] = {"steps": {}, "detail_step": None, "segments": []}
     longest = -1.0

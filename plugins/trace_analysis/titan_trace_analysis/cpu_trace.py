@@ -11,12 +11,17 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import intervals as iv
+from .drops import Drops, check, valid_id
 from .kinds import COMM, COMPUTE, CPU_COMM_NAME, PP_RECV, PP_SEND, title_parts
-from .ops import Labeller, Op, Title, sort_ops, times
+from .ops import Labeller, Op, Title, sort_ops
 
 
 def cpu_ops(
-    events: Iterable[dict[str, Any]], titles: list[Title], lab: Labeller, threads: set[int]
+    events: Iterable[dict[str, Any]],
+    titles: list[Title],
+    lab: Labeller,
+    threads: set[int],
+    drops: Drops | None = None,
 ) -> tuple[list[Op], dict[str, list[float]]]:
     """Ops of a CPU-only trace: titles as communication, training-thread CPU ops as compute.
 
@@ -25,7 +30,8 @@ def cpu_ops(
     waiting for a collective inside an enclosing op (an autograd function) is idle, not busy;
     ops inside a communication title (buffer copies of a send) are communication.  When Titan's
     ``titan.p2p:*`` titles are present, the gloo / nccl send-recv titles nested in them are
-    dropped (the same transfer seen twice).
+    dropped (the same transfer seen twice).  A CPU op that may be the training thread's (its
+    tid is not an integer) or is, with impossible times, is counted in ``drops``.
     """
     schedule = any(t.name.startswith("titan.p2p:") for t in titles)
     comm: list[Op] = []
@@ -37,12 +43,19 @@ def cpu_ops(
         comm += lab.from_title(t, Op(t.start, t.end, COMM, "", None, "", -1, posted=t.start))
     on_thread = iv.union((t.start, t.end) for t in titles if t.tid in threads)
     spans: dict[int, list[tuple[float, float, str]]] = {}
+    drops = Drops() if drops is None else drops
     for ev in events:
-        if ev.get("tid") not in threads or ev.get("cat") != "cpu_op":
+        if ev.get("cat") != "cpu_op":
+            continue
+        tid = ev.get("tid")
+        if valid_id(tid) and tid not in threads:
+            continue  # another thread's op: not used, not dropped
+        se = check(ev)
+        if isinstance(se, str):
+            drops.add(se, "CPU op")
             continue
         name = str(ev.get("name", ""))
-        se = times(ev)
-        if se is None or CPU_COMM_NAME.match(name) or iv.covers(on_thread, se[0], se[1]):
+        if CPU_COMM_NAME.match(name) or iv.covers(on_thread, se[0], se[1]):
             continue
         spans.setdefault(ev["tid"], []).append((se[0], se[1], name))
     busy, names = [], {}

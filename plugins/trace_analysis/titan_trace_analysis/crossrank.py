@@ -117,30 +117,29 @@ def stages_of_all(by_rank: dict[int, dict], world: int | None) -> dict[int, int]
 
 
 def per_rank_table(by_rank: dict[int, dict], steps: list[str]) -> dict[int, dict[str, float]]:
-    """Per rank, the mean over ``steps`` of every per-step figure (comm kinds flattened)."""
+    """Per rank, the mean over ``steps`` of every per-step figure (comm kinds flattened); a
+    figure unknown (None) in any of its steps is left out, never averaged as if measured."""
     table: dict[int, dict[str, float]] = {}
     for r, s in by_rank.items():
         rows = [s["steps"][k] for k in steps if k in s.get("steps", {})]
         if not rows:
             continue
         acc: dict[str, float] = {}
-        unknown = False
+        unknown: set[str] = set()
         for row in rows:
             for key, val in row.items():
                 if isinstance(val, list):
                     continue
                 if val is None:
-                    unknown = True
+                    unknown.add(key)
                     continue
                 if isinstance(val, dict):
                     for kind, v in val.items():
                         acc["comm." + kind] = acc.get("comm." + kind, 0.0) + v
                 else:
                     acc[key] = acc.get(key, 0.0) + val
-        table[r] = {k: v / len(rows) for k, v in acc.items()}
-        if unknown:
-            table[r].pop("bubble_us", None)
-        else:
+        table[r] = {k: v / len(rows) for k, v in acc.items() if k not in unknown}
+        if "bubble_us" not in unknown:
             table[r]["bubble_ratio"] = sum(x["bubble_us"] / x["window_us"] for x in rows) / len(
                 rows
             )
@@ -149,29 +148,38 @@ def per_rank_table(by_rank: dict[int, dict], steps: list[str]) -> dict[int, dict
 
 def bubbles_by_stage(by_rank: dict[int, dict], table: dict[int, dict]) -> list[dict[str, Any]]:
     """Per pipeline stage: mean bubble ratio, bubble time and step window over its ranks
-    (``None`` where the bubble cannot be measured: transfers without args or titles)."""
+    (``None`` where the bubble cannot be measured: transfers without args or titles, or ranks
+    whose compute was not measured; ``not_measured`` then says why)."""
     stages: dict[int, list[int]] = {}
     for r in table:
         stages.setdefault(stage_of(by_rank[r]), []).append(r)
     out = []
     for stage, ranks in sorted(stages.items()):
         known = [r for r in ranks if "bubble_ratio" in table[r]]
+        idle = [r for r in ranks if "compute_idle_us" in table[r]]
+        lost = [r for r in ranks if by_rank[r].get("compute_not_measured")]
         n = len(ranks)
-        out.append(
-            {
-                "stage": stage,
-                "ranks": n,
-                "bubble_ratio": sum(table[r]["bubble_ratio"] for r in known) / len(known)
-                if known
-                else None,
-                "bubble_us": sum(table[r]["bubble_us"] for r in known) / len(known)
-                if known
-                else None,
-                "window_us": sum(table[r]["window_us"] for r in ranks) / n,
-                "compute_idle_ratio": sum(
-                    table[r]["compute_idle_us"] / table[r]["window_us"] for r in ranks
-                )
-                / n,
-            }
-        )
+        entry = {
+            "stage": stage,
+            "ranks": n,
+            "bubble_ratio": _mean([table[r]["bubble_ratio"] for r in known]),
+            "bubble_us": _mean([table[r]["bubble_us"] for r in known]),
+            "window_us": sum(table[r]["window_us"] for r in ranks) / n,
+            "compute_idle_ratio": _mean(
+                [table[r]["compute_idle_us"] / table[r]["window_us"] for r in idle]
+            ),
+        }
+        if lost:
+            many = len(lost) > 1
+            entry["not_measured"] = (
+                f"the compute events of rank{'s' if many else ''} {_short(lost)} were dropped"
+                + ("; the figures are over the other ranks" if known else "")
+            )
+        elif not known:
+            entry["not_measured"] = "transfers not told apart (P2P pairing impossible)"
+        out.append(entry)
     return out
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None

@@ -75,14 +75,15 @@ def colour_scale(x: float, y: float, lo: str, hi: str, label: str) -> str:
 
 
 def heatmap(
-    cells: dict[int, dict[int, float | None]],
+    cells: dict[int, dict[int, float | str | None]],
     fmt: Callable[[float], str],
     scale: float,
     label: str,
     lo: str,
     hi: str,
 ) -> str:
-    """Rows = stages, columns = position in the stage; ``None`` = missing rank (hatched)."""
+    """Rows = stages, columns = position in the stage; ``None`` = missing rank, a str = not
+    measured, and why (both hatched)."""
     if not cells:
         return "<p>no per-step data</p>"
     width = max(len(v) for v in cells.values())
@@ -99,8 +100,14 @@ def heatmap(
         out.append(f'<text x="0" y="{yy + cell / 2 + 4}" font-size="11">stage {stage}</text>')
         for x, (rank, v) in enumerate(sorted(row.items())):
             xx = left + x * cell
-            fill = "url(#hatch)" if v is None else ramp(v / scale)
-            tip = f"rank {rank}: missing" if v is None else f"rank {rank}: {label} {fmt(v)}"
+            fill = "url(#hatch)" if v is None or isinstance(v, str) else ramp(v / scale)
+            tip = (
+                f"rank {rank}: missing"
+                if v is None
+                else f"rank {rank}: not measured ({v})"
+                if isinstance(v, str)
+                else f"rank {rank}: {label} {fmt(v)}"
+            )
             out.append(
                 f'<rect x="{xx}" y="{yy}" width="{cell - 1}" height="{cell - 1}" fill="{fill}" '
                 f'stroke="#ddd"><title>{esc(tip)}</title></rect>'

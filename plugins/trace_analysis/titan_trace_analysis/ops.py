@@ -17,6 +17,7 @@ from bisect import bisect_right
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from .drops import MAX_DUR, MAX_TS, Drops, check, gpu_kind
 from .fastpath import loads
 from .header import MAX_RANKS, Identity, valid_int
 from .kinds import (
@@ -36,8 +37,6 @@ from .kinds import (
     title_parts,
 )
 
-MAX_TS = 1e17  # us: year 5138; Kineto writes epoch microseconds (~1.7e15) or smaller offsets
-MAX_DUR = 1e11  # us: 28 hours for one event
 GROUP_ROLE = {EP_A2A: "ep", REDUCE_SCATTER: "dp", ALL_GATHER: "dp", ALL_REDUCE: "dp"}
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -82,29 +81,22 @@ def _order(op: Op) -> tuple:
 
 
 def times(ev: dict[str, Any]) -> tuple[float, float] | None:
-    """(start, end) of an event, or None when its ts / dur are not finite and plausible."""
-    ts, dur = ev.get("ts"), ev.get("dur", 0.0)
-    if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
-        return None
-    ts, dur = float(ts), float(dur)
-    if not (math.isfinite(ts) and math.isfinite(dur)) or abs(ts) > MAX_TS:
-        return None
-    if dur < 0 or dur > MAX_DUR:
-        return None
-    return ts, ts + dur
+    """(start, end) of an event, or None when :func:`drops.check` refuses it."""
+    se = check(ev)
+    return None if isinstance(se, str) else se
 
 
 class OpBuilder:
     """Collects the ops of one rank while its events stream by."""
 
-    def __init__(self, take: Callable | None = None) -> None:
+    def __init__(self, take: Callable | None = None, drops: Drops | None = None) -> None:
         self._take = take  # fastpath.native_take(): needed for a native reader's records
+        self.drops = Drops() if drops is None else drops  # the reader's: one count per file
         self.gpu: list[Op] = []
         self.raw_comm: list[tuple[int, str, dict[str, Any]]] = []  # (index in gpu, name, args)
         self.titles: list[Title] = []
         self.names: dict[str, list[float]] = {}  # compute name -> [count, total us]
         self._klass: dict[str, int] = {}
-        self.bad_times = 0
 
     def batch(self, items: list[dict[str, Any] | tuple]) -> list[dict[str, Any]]:
         """Take the GPU events of one reader batch, in order; returns the other events.
@@ -116,7 +108,8 @@ class OpBuilder:
             consts = (MAX_TS, MAX_DUR, COMPUTE, MEMORY, COMM, math.nan)
             rest, bad = self._take(items, self.gpu, self.names, self._klass, self.raw_comm,
                                    self.gpu_event, kernel_class, loads, Op, GPU_CATS, consts)  # fmt: skip
-            self.bad_times += bad
+            for _ in range(bad):  # the scanner hands such events to Python: a safety net
+                self.drops.add("times", "GPU event")
             return rest
         rest: list[dict[str, Any]] = []
         for ev in items:
@@ -129,19 +122,16 @@ class OpBuilder:
 
     def gpu_event(self, ev: dict[str, Any], cat: str) -> None:
         """A kernel, memcpy or memset parsed into a dict (the reader's Python loop)."""
-        try:
-            ts, end = float(ev["ts"]), float(ev.get("dur", 0.0))
-        except (KeyError, TypeError, ValueError):
-            self.bad_times += 1
-            return
-        if not (-MAX_TS <= ts <= MAX_TS and 0.0 <= end <= MAX_DUR):  # NaN fails both too
-            self.bad_times += 1
-            return
-        end += ts
+        se = check(ev)
         name = ev.get("name", "")
+        if type(name) is not str:  # a list would not even be a dict key
+            name = str(name)
+        if type(se) is str:
+            self.drops.add(se, gpu_kind(name, cat))
+            return
+        ts, end = se  # type: ignore[misc]
         k = self._klass.get(name) if cat == "kernel" else MEMORY
         if k is None:
-            name = name if isinstance(name, str) else str(name)
             k = self._klass[name] = kernel_class(name, cat)
         args = ev.get("args")
         corr = args.get("correlation") if type(args) is dict else None
@@ -161,11 +151,13 @@ class OpBuilder:
     def title(self, ev: dict[str, Any]) -> None:
         """A communication title (its name matched the reader's filter)."""
         name = str(ev.get("name", ""))
-        se = times(ev)
-        tid = ev.get("tid")
-        if se is None or title_parts(name) is None:
+        if title_parts(name) is None:
             return
-        self.titles.append(Title(se[0], se[1], tid if isinstance(tid, int) else -1, name))
+        se = check(ev)
+        if isinstance(se, str):
+            self.drops.add(se, "communication title")
+            return
+        self.titles.append(Title(se[0], se[1], ev["tid"], name))
 
 
 class Labeller:

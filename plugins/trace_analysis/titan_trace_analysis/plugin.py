@@ -11,7 +11,8 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from titan_plugins import hookimpl
-from titan_plugins.patching import SUPPORTED_MEGATRON, Patch, Signature
+from titan_plugins.hosts.megatron import SUPPORTED_MEGATRON
+from titan_plugins.patching import Patch, Signature
 from titan_plugins.settings import Setting
 
 from . import capture

@@ -13,8 +13,12 @@ without GPU events are read a second time for their CPU ops.  The CPU-side bulk 
 therefore costs one regex search an event.
 
 A piece that fails to parse (a ``}, {`` inside a string) is retried joined with its neighbours;
-what still fails is counted in ``bad_events``.  A file cut short is read up to its last complete
-event and flagged ``truncated``.
+what still fails is counted in ``drops`` (with its reason: not JSON, or a number beyond the
+double range), as is a parsed event holding a string over ``max_string``.  An event's text over
+``max_event`` refuses the file as soon as the text read shows it (``framing``), so a
+decompressed monster (a 2 GiB string in a 2 MB gzip) costs about ``max_event`` bytes of
+inflation, and a file's text is at most (events + HOLD + 1) x ``max_event``.  A file cut short
+is read up to its last complete event and flagged ``truncated``.
 """
 
 from __future__ import annotations
@@ -23,14 +27,30 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .fastpath import Codec, codec, native_scan
-from .source import Source
+from .drops import MAX_DUR, MAX_TS, Drops, event_kind, piece_kind
+from .fastpath import OVERFLOW, Codec, codec, native_scan
+from .framing import (
+    ARRAY_END,
+    MAX_EVENT,
+    MAX_STRING,
+    MIB,
+    SEP,
+    TraceError,
+    check_size,
+    closes,
+    header,
+    long_string,
+    open_array,
+    trailer,
+)
+from .source import INFLATE_CHUNK, Source
+
+__all__ = ["MAX_EVENT", "MAX_STRING", "MIB", "Kernel", "TraceError", "TraceReader"]
 
 # a GPU event read by the native scanner: (cat, ts, dur, name, correlation or None, the JSON text
 # of its "args" object or None), the values OpBuilder.gpu_event takes from the parsed dict
 Kernel = tuple[str, float, float, str, int | None, bytes | None]
 
-SEP = re.compile(rb"(\}\s*,\s*\{)")  # captured: a rejoin restores the exact text
 CAT = re.compile(rb'"cat"\s*:\s*"([^"]*)"')
 GPU_CATS = (b"kernel", b"gpu_memcpy", b"gpu_memset")
 LAUNCH_CATS = (b"cuda_runtime", b"cuda_driver", b"musa_runtime", b"musa_driver")
@@ -47,13 +67,6 @@ LAUNCH = re.compile(
     rb'"tid"\s*:\s*(\d+)\s*,\s*"ts"\s*:\s*(-?[0-9][0-9.eE+-]*)[^{]*\{[^}]*"correlation"\s*:\s*(\d+)'
 )
 HOLD = 4
-ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[\s*')
-ARRAY_END = re.compile(rb"\}\s*\]")
-MAX_HEADER = 64 << 20
-
-
-class TraceError(Exception):
-    """A trace file that cannot be analysed; the message says what to do about it."""
 
 
 class TraceReader:
@@ -62,6 +75,8 @@ class TraceReader:
     ``cpu_ops``: also yield every ``cpu_op`` / ``user_annotation`` (CPU-only traces).
     ``native``: use the native scanner in ``records`` (default: when built and not ``pure``).
     ``block``: bytes per file read (default: the source's own sizes).
+    ``max_event`` / ``max_string``: the size limits (bytes) of one event's text and of one
+    string in a parsed event.
     """
 
     def __init__(
@@ -71,8 +86,11 @@ class TraceReader:
         cpu_ops: bool = False,
         native: bool | None = None,
         block: int | None = None,
+        max_event: int = MAX_EVENT,
+        max_string: int = MAX_STRING,
     ) -> None:
         self.path, self.block = path, block
+        self.max_event, self.max_string = max(1, max_event), max(1, max_string)
         self.codec: Codec = codec(pure)
         self.cpu_ops = cpu_ops
         scan = native_scan(pure)
@@ -82,10 +100,21 @@ class TraceReader:
         self.native = self._scan is not None  # records() may yield Kernel tuples
         self.header: dict[str, Any] = {}
         self.n_events = 0  # pieces seen: an unparsed event with "}, {" inside counts twice
-        self.bad_events = 0
+        self.drops = Drops()  # events dropped here: not JSON, a number or a string too large
+        self._source: Source | None = None
         self.launches: dict[int, tuple[float, int]] = {}  # correlation -> (CPU time, thread)
         self.truncated = False
         self.damage: str | None = None
+
+    @property
+    def bad_events(self) -> int:
+        """Events this reader dropped (see ``drops`` for why)."""
+        return self.drops.total()
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes of (decompressed) text read so far."""
+        return 0 if self._source is None else self._source.bytes_read
 
     def events(self) -> Iterator[dict[str, Any]]:
         """Yield the wanted events; launch calls go to ``launches`` (or are yielded when their
@@ -103,7 +132,9 @@ class TraceReader:
         return self._read(self._scan)
 
     def _read(self, scan: Callable | None) -> Iterator[list[dict[str, Any] | Kernel]]:
-        src = Source(self.path, self.codec, self.block)
+        src = self._source = Source(
+            self.path, self.codec, self.block, min(INFLATE_CHUNK, self.max_event)
+        )
         yield from self._batches(iter(src), scan)
         if src.damage or src.truncated:
             self.truncated = True
@@ -112,20 +143,9 @@ class TraceReader:
     def _batches(
         self, chunks: Iterator[bytes], scan: Callable | None
     ) -> Iterator[list[dict[str, Any] | Kernel]]:
-        buf = b""
-        m = None
-        for chunk in chunks:
-            buf += chunk
-            m = ARRAY_START.search(buf)
-            if m is not None and len(buf) > m.end():
-                break
-            if len(buf) > MAX_HEADER:
-                raise TraceError('no "traceEvents" array in the first 64 MiB: not a Kineto trace')
-        if m is None:
-            what = "empty file" if not buf.strip() else 'no "traceEvents" array'
-            raise TraceError(f"{what}: not a Kineto/Chrome trace JSON file")
-        self._header(buf[: m.start()] + b'"traceEvents": []}')
-        buf = buf[m.end() :]
+        buf, start, end = open_array(chunks)
+        self.header.update(header(buf[:start], self.codec))
+        buf = buf[end:]
         if buf.startswith(b"]"):
             self._trailer(buf[1:])
             return
@@ -134,8 +154,10 @@ class TraceReader:
         buf = buf[1:]
         for chunk in chunks:
             buf += chunk
+            if len(buf) > self.max_event:
+                check_size(buf, self.max_event, self.bytes_read)
             if scan is not None:
-                got = scan(buf, HOLD, self.launches)
+                got = scan(buf, HOLD, self.launches, MAX_TS, MAX_DUR, self.max_string)
                 items = None if got is None else self._native(got)
                 if items is not None:
                     self.n_events += got[1]
@@ -179,41 +201,62 @@ class TraceReader:
                 m = LAUNCH.search(p)
                 if m is not None:
                     try:
-                        launches[int(m[3])] = (float(m[2]), int(m[1]))
+                        t = float(m[2])
                     except ValueError:  # a time float() refuses ("1e5e"): this event only
-                        self.bad_events += 1
+                        self.drops.add("ts", "launch")
+                        continue
+                    if -MAX_TS <= t <= MAX_TS:
+                        launches[int(m[3])] = (t, int(m[1]))
+                    else:  # "1e999": no time to place its kernels by
+                        self.drops.add("ts_range", "launch")
                     continue
             elif not cpu_ops and p.find(USER_ANNOTATION, 0, 96) >= 0:
                 if STEP_MARK not in p and COMM_MARK.search(p) is None:
                     continue  # an annotation the analysis does not use
             try:
                 ev = loads(b"{" + p + b"}")
-            except errors:
+                size = len(p)
+            except errors as exc:
                 i = pieces.index(p)
                 if i in consumed:
                     continue
                 ev = self._rejoin(pieces, seps, i, consumed)
                 if ev is None:
-                    self.bad_events += 1
+                    why = "number" if OVERFLOW in str(exc) else "unparsable"
+                    self.drops.add(why, piece_kind(p))
                     continue
-                if not self._wanted(b"".join(pieces[min(consumed) : max(consumed) + 1])):
+                joined = b"".join(pieces[min(consumed) : max(consumed) + 1])
+                if not self._wanted(joined):
                     continue
-            if isinstance(ev, dict):
-                out.append(ev)
-            else:
-                self.bad_events += 1
+                size = len(joined)
+            if size > self.max_string and self._long_string(ev):
+                continue
+            out.append(ev)
         return out
+
+    def _long_string(self, ev: dict[str, Any]) -> bool:
+        """Whether ``ev`` holds a string over ``max_string`` bytes (then counted as dropped)."""
+        if long_string(ev, self.max_string):
+            self.drops.add("string", event_kind(ev))
+            return True
+        return False
 
     def _native(self, got: tuple[int, int, list, list]) -> list[dict[str, Any] | Kernel] | None:
         """The scanner's items with the pieces it left to Python parsed in place; None when
         one of them does not parse (the Python loop then retries it with its neighbours)."""
         items, loads, errors = got[2], self.codec.loads, self.codec.json_errors
+        parsed = []
         for i, piece in got[3]:
             try:
-                items[i] = loads(b"{" + piece + b"}")
+                parsed.append((i, len(piece), loads(b"{" + piece + b"}")))
             except errors:
-                return None
-        return items
+                return None  # before any drop is counted: the Python loop counts them
+        long = False
+        for i, size, ev in parsed:
+            items[i] = ev
+            if size > self.max_string and self._long_string(ev):
+                items[i], long = None, True
+        return [ev for ev in items if ev is not None] if long else items
 
     def _wanted(self, piece: bytes) -> bool:
         m = CAT.search(piece)
@@ -250,7 +293,7 @@ class TraceReader:
         # the array's end is the "}]" that the top level's own ending follows (a damaged event in
         # the tail is that event's problem, not a sign that the file was cut)
         for m in ARRAY_END.finditer(rest):
-            if self._closes(rest[m.end() :]):
+            if closes(rest[m.end() :], self.codec):
                 events = self._parse(SEP.split(rest[: m.start()]))
                 self._trailer(rest[m.end() :])
                 return events
@@ -277,37 +320,6 @@ class TraceReader:
             complete = len(parts) // 2
         return self._parse(parts, complete)
 
-    def _closes(self, tail: bytes) -> bool:
-        """Whether ``tail``, what follows a candidate end of the events array, ends the file's
-        top-level object (nothing, ``}``, or more ``"key": value`` members and ``}``)."""
-        text = tail.strip()
-        if text in (b"", b"}"):
-            return True
-        if not text.startswith(b",") or not text.endswith(b"}"):
-            return False
-        try:
-            return isinstance(self.codec.loads(b"{" + text[1:]), dict)
-        except self.codec.json_errors:
-            return False
-
-    def _header(self, text: bytes) -> None:
-        try:
-            head = self.codec.loads(text)
-        except self.codec.json_errors as exc:
-            raise TraceError(f"unreadable trace header ({exc})") from None
-        if not isinstance(head, dict):
-            raise TraceError("the trace's top level is not a JSON object")
-        head.pop("traceEvents", None)
-        self.header.update(head)
-
     def _trailer(self, text: bytes) -> None:
-        text = text.strip().lstrip(b",").strip()
-        if text in (b"", b"}"):
-            return
-        try:
-            tail = self.codec.loads(b"{" + text)
-        except self.codec.json_errors:
-            return  # metadata after the events is optional; the events are complete
-        if isinstance(tail, dict):
-            for key, value in tail.items():
-                self.header.setdefault(key, value)
+        for key, value in trailer(text, self.codec).items():
+            self.header.setdefault(key, value)

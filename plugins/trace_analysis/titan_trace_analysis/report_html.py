@@ -20,15 +20,17 @@ CSS = (
 TIMELINE_RANKS = 64
 
 
-def _grid(report: dict[str, Any], value) -> dict[int, dict[int, float | None]]:
-    """stage -> rank -> value (None for a rank of the stage without data: it keeps its place)."""
-    cells: dict[int, dict[int, float | None]] = {}
+def _grid(report: dict[str, Any], value) -> dict[int, dict[int, float | str | None]]:
+    """stage -> rank -> value (None for a rank of the stage without data: it keeps its place;
+    the reason, a str, for a rank whose compute was not measured)."""
+    cells: dict[int, dict[int, float | str | None]] = {}
     for r, stage in report.get("stage_of", {}).items():
         cells.setdefault(int(stage), {})[int(r)] = None
     for r, row in report["ranks"].items():
         m = row.get("mean_per_step")
         stage = int(row["coords"].get("pp", 0))
-        cells.setdefault(stage, {})[int(r)] = value(r, m) if m else None
+        lost = row.get("compute_not_measured")
+        cells.setdefault(stage, {})[int(r)] = lost if lost else value(r, m) if m else None
     return cells
 
 
@@ -45,7 +47,7 @@ def _slow_heatmap(report: dict[str, Any]) -> str:
         return m["compute_us"] / b if b and "compute_us" in m else None
 
     cells = _grid(report, rel)
-    cells = {s: {r: (None if v is None else max(0.0, v - 1.0)) for r, v in row.items()}
+    cells = {s: {r: (max(0.0, v - 1.0) if isinstance(v, float) else v) for r, v in row.items()}
              for s, row in cells.items()}  # fmt: skip
     return heatmap(cells, lambda v: f"{1 + v:.2f}x the stage median", 0.5, "compute time",
                    "1.0x", ">= 1.5x")  # fmt: skip
@@ -109,7 +111,8 @@ def render(report: dict[str, Any], text_summary: str) -> str:
         parts.append("</ul>")
     parts.append("<h2>Pipeline bubble by stage</h2>")
     parts.append(bars([(f"stage {s['stage']}", s["bubble_ratio"],
-                        "not measured" if s["bubble_ratio"] is None
+                        f"not measured ({s.get('not_measured', 'unknown')})"
+                        if s["bubble_ratio"] is None
                         else f"{100 * s['bubble_ratio']:.1f}% ({s['bubble_us'] / 1000:.2f} ms)")
                        for s in report["stages"]]))  # fmt: skip
     parts.append("<h2>Bubble share of the step, per rank</h2>" + _bubble_heatmap(report))

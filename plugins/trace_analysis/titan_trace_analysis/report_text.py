@@ -43,12 +43,21 @@ def _rank_lines(report: dict[str, Any], max_ranks: int) -> list[str]:
             break
         m = row.get("mean_per_step")
         tag = " (partial)" if row.get("partial") else ""
+        lost = row.get("compute_not_measured")
+        pp = row["coords"].get("pp", "-")
         if not m:
-            t = row.get("temporal") or {}
-            lines.append(f"  rank {r:>5}{tag}: no steps; GPU span {_ms(t.get('span_us'))} ms")
+            span = (row.get("temporal") or {}).get("span_us")
+            what = f"GPU span {_ms(span)} ms" if span is not None else "no GPU op measured"
+            what += f"; compute not measured: {safe_text(lost)}" if lost else ""
+            lines.append(f"  rank {r:>5}{tag}: no steps; {what}")
+            continue
+        if lost:  # never a row of zeros: communication alone was measured
+            lines.append(
+                f"  rank {r:>5} pp{pp}{tag}: compute not measured: {safe_text(lost)}; "
+                f"communication busy {_ms(m.get('comm_busy_us'))} ms per step"
+            )
             continue
         comm = " ".join(f"{_ms(m.get('comm.' + k, 0.0)):>7}" for k in COMM_KINDS)
-        pp = row["coords"].get("pp", "-")
         lines.append(
             f"  rank {r:>5} pp{pp}{tag}: {_ms(m.get('compute_us')):>8} | {comm} | "
             f"ovl {_ms(m.get('overlap_us'))} exp {_ms(m.get('exposed_comm_us'))} "
@@ -87,10 +96,17 @@ def render(report: dict[str, Any], max_ranks: int = 32) -> str:
         lines.append("")
         lines.append("pipeline bubble by stage (compute stream waiting on a pipeline receive):")
         for s in report["stages"]:
+            why = safe_text(s.get("not_measured", ""), 600)
+            if s["bubble_ratio"] is None:
+                lines.append(
+                    f"  stage {s['stage']}: not measured ({why}); step window "
+                    f"{_ms(s['window_us'])} ms, {s['ranks']} ranks"
+                )
+                continue
             lines.append(
                 f"  stage {s['stage']}: {_pct(s['bubble_ratio']):>6} of the step "
                 f"({_ms(s['bubble_us'])} of {_ms(s['window_us'])} ms, {s['ranks']} ranks); "
-                f"compute idle {_pct(s['compute_idle_ratio'])}"
+                f"compute idle {_pct(s['compute_idle_ratio'])}" + (f" ({why})" if why else "")
             )
     lines.append("")
     lines += _slow_lines(report)
@@ -112,5 +128,7 @@ def render(report: dict[str, Any], max_ranks: int = 32) -> str:
             lines.append(f"  step {k}: {_ms(st['length_us'])} ms = {kinds}; ranks {top}")
             if st["unresolved_peers"]:
                 missing = ", ".join(str(r) for r in st["unresolved_peers"][:10])
-                lines.append(f"    (incomplete: the path needs missing ranks {missing})")
+                lines.append(
+                    f"    (incomplete: the path needs ranks {missing}, missing or not measured)"
+                )
     return "\n".join(lines)

@@ -65,7 +65,7 @@ def collect_warnings(summaries: list[dict[str, Any]], report: dict[str, Any]) ->
     if unresolved:
         out.append(
             f"critical path incomplete: it needs ranks {_ranks(unresolved)}, whose traces are "
-            "missing or partial for those steps"
+            "missing or partial for those steps, or whose compute was not measured"
         )
     notes = sorted({n for s in ok for n in s.get("notes", []) if n.startswith("CPU-only")})
     out += notes
