@@ -17,30 +17,47 @@ analyzer's summary of the steps it captured.
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import sys
 import time
 from typing import Any
 
+from titan_entrypoints import demo_output
+from titan_entrypoints.demo_layout import Layout, LayoutError, resolve
+
 DEFAULT_OUT = "demo_out"
+EXPERTS = 4  # tiny_gpt.make_config's num_moe_experts
 
 
-def _feature_overrides(enabled: set[str]) -> dict:
-    """Megatron config that exercises the enabled plugins (none of these flags is Titan's own)."""
+def _feature_overrides(enabled: set[str], layout: Layout) -> dict:
+    """Megatron config that exercises the enabled plugins (none of these flags is Titan's own).
+
+    The flex dispatcher (the path moe_ep_overlap serves) only where Megatron accepts it: its
+    ``MoEFlexTokenDispatcher`` refuses TP x EP = 1, and then the demo keeps alltoall (the plugin
+    reports that it stepped aside)."""
     overrides: dict = {}
     if "fp8_blockwise" in enabled:
         overrides.update(fp8="e4m3", fp8_recipe="blockwise")
-    if "moe_ep_overlap" in enabled:
+    if "moe_ep_overlap" in enabled and layout.tp_x_ep > 1:
         overrides.update(moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="deepep")
     return overrides
 
 
-def _parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
+    """The demo's options (``--help``); a layout size left out is chosen to fit the processes."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--pp", type=int, default=2, help="pipeline-parallel size")
-    parser.add_argument("--ep", type=int, default=2, help="expert-parallel size")
+        prog=prog,
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # scripts/demo.sh rewrites the layout flags by their full names
+    )  # fmt: skip
+    parser.add_argument(
+        "--pp", type=int, default=None,
+        help="pipeline-parallel size (default: 2 when the processes allow it)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--ep", type=int, default=None,
+        help="expert-parallel size (default: 2 with 4 processes, else 1 when PP=2 fits)",
+    )  # fmt: skip
     parser.add_argument("--vpp", type=int, default=None, help="virtual pipeline stages per rank")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--microbatches", type=int, default=4)
@@ -65,7 +82,7 @@ def _parse_args() -> argparse.Namespace:
         help="make step STEP's loss NaN on every rank (test-only knob of the rewind plugin), "
         "to watch rewind roll back and go on",
     )
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def _demo_environment(args: argparse.Namespace) -> None:
@@ -73,46 +90,70 @@ def _demo_environment(args: argparse.Namespace) -> None:
     A value the user exported wins."""
     if args.trace_steps != "none":
         os.environ.setdefault("TITAN_TRACE_STEPS", args.trace_steps)
-        os.environ.setdefault("TITAN_TRACE_DIR", os.path.join(args.out, "traces"))
+        if "TITAN_TRACE_DIR" not in os.environ:
+            os.environ["TITAN_TRACE_DIR"] = os.path.join(args.out, "traces")
+            os.environ["_TITAN_DEMO_OWNS_TRACE_DIR"] = "1"
     if args.inject_fault is not None:
         os.environ["TITAN_REWIND_INJECT_NAN_STEP"] = str(args.inject_fault)
 
 
 def main() -> None:
-    args = _parse_args()
+    """One demo worker (torchrun starts one per process): train, then report what each plugin did."""
+    args = parse_args()
     _demo_environment(args)
     os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
     import torch
 
     torch.set_num_threads(1)
-    from titan_plugins.testing import cpu_harness
+    from titan_plugins.hosts.megatron.testing import cpu_harness
 
     cpu_harness.install()
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    try:  # scripts/demo.sh resolved it already; a direct torchrun run is checked here
+        layout = resolve(dist.get_world_size(), args.pp, args.ep, args.vpp, EXPERTS)
+    except LayoutError as err:
+        if rank == 0:
+            print(err, file=sys.stderr, flush=True)
+        dist.destroy_process_group()
+        sys.exit(2)
+
+    if rank == 0 and os.environ.get("_TITAN_DEMO_OWNS_TRACE_DIR"):
+        _clear_old_traces(os.environ["TITAN_TRACE_DIR"])
+    dist.barrier()  # no rank writes a trace before the old ones are gone
 
     import megatron.core  # noqa: F401  # the registry activates here (torch.backends channel)
 
     from titan_plugins import report
-    from titan_plugins.testing import tiny_gpt
+    from titan_plugins.errors import JobStopped
+    from titan_plugins.hosts.megatron.testing import tiny_gpt
 
     data = report.collect()
     enabled = {p["name"] for p in data["plugins"] if p["state"] == "enabled"}
-    tiny_gpt.init_parallel(pp=args.pp, ep=args.ep, vpp=args.vpp)
+    tiny_gpt.init_parallel(pp=layout.pp, ep=layout.ep, vpp=layout.vpp)
     cfg = tiny_gpt.make_config(
         hidden_size=args.hidden,
         ffn_hidden_size=2 * args.hidden,
-        **_feature_overrides(enabled),
+        **_feature_overrides(enabled, layout),
     )
-    chunks = tiny_gpt.build_model(cfg, vpp=args.vpp)
+    chunks = tiny_gpt.build_model(cfg, vpp=layout.vpp)
     if rank == 0:
-        _print_report(report.collect())
+        print(f"layout: {' '.join(layout.flags())} on {dist.get_world_size()} processes")
+        demo_output.print_report(report.collect())
     started = time.perf_counter()
-    losses, grad_norms = tiny_gpt.train(
-        chunks, cfg, steps=args.steps, num_microbatches=args.microbatches
-    )
+    try:
+        losses, grad_norms = tiny_gpt.train(
+            chunks, cfg, steps=args.steps, num_microbatches=args.microbatches
+        )
+    except JobStopped as err:  # a plugin stopped the job on purpose: one message, no tracebacks
+        if err.primary:
+            print(f"{type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        # Every rank raised in the same step: wait for rank 0's message before any rank ends
+        # (torchrun stops the others, rank 0 included, when the first one exits).
+        dist.barrier()
+        _exit(err.exit_code)
     elapsed = time.perf_counter() - started
     if losses:  # last pipeline stage, first data-parallel rank prints
         from megatron.core import parallel_state as ps
@@ -127,102 +168,44 @@ def main() -> None:
             )
     effects: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(effects, report.effects())
+    written = True
     if rank == 0:
-        print(effects_table(effects), flush=True)
+        print(demo_output.effects_table(effects), flush=True)
         if args.report:
-            _write_report(args.report, effects, report.collect())
+            written = demo_output.write_report(args.report, effects, report.collect())
     dist.barrier()  # every rank has written its trace before rank 0 reads them
     if rank == 0 and args.trace_steps != "none" and "trace_analysis" in enabled:
-        print(_trace_summary(os.environ["TITAN_TRACE_DIR"]), flush=True)
+        print(demo_output.trace_summary(os.environ["TITAN_TRACE_DIR"]), flush=True)
     dist.barrier()
     dist.destroy_process_group()
+    if not written:
+        sys.exit(1)
 
 
-def effects_table(per_rank: list[dict[str, dict[str, Any]]]) -> str:
-    """One row per plugin and measure, one column per rank: what each plugin did, counted."""
-    rows: list[tuple[str, str]] = []
-    for effects in per_rank:
-        for plugin, measures in (effects or {}).items():
-            for key in measures:
-                if (plugin, key) not in rows:
-                    rows.append((plugin, key))
-    ranks = [f"rank {r}" for r in range(len(per_rank))]
-    cells = [
-        [_cell((per_rank[r] or {}).get(plugin, {}).get(key)) for r in range(len(per_rank))]
-        for plugin, key in rows
-    ]
-    width = max([len(c) for row in cells for c in row] + [len(r) for r in ranks] + [6])
-    name_w = max([len(p) for p, _ in rows] + [6])
-    key_w = max([len(k) for _, k in rows] + [7])
-    lines = ["", "what each plugin did (measured on every rank after training):"]
-    lines.append(f"  {'plugin':<{name_w}}  {'measure':<{key_w}}  " + "  ".join(
-        f"{r:>{width}}" for r in ranks
-    ))  # fmt: skip
-    for (plugin, key), row in zip(rows, cells):
-        lines.append(f"  {plugin:<{name_w}}  {key:<{key_w}}  " + "  ".join(
-            f"{c:>{width}}" for c in row
-        ))  # fmt: skip
-    if not rows:
-        lines.append("  (no plugin reported an effect)")
-    return "\n".join(lines)
+def _clear_old_traces(trace_dir: str) -> None:
+    """Remove an earlier demo run's per-rank traces from the demo's own trace folder: the analyzer
+    reads every rank file there, and a 4-rank run's files would be mixed into a 2-rank run's."""
+    import glob
+
+    for path in glob.glob(os.path.join(trace_dir, "rank-*.json*")):
+        os.unlink(path)
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+def _exit(code: int) -> None:
+    """End this worker with ``code`` and no traceback; under ``scripts/demo.sh``
+    (``TITAN_DEMO_STATUS``) exit 0 after writing the code there, so torchrun does not add its
+    own per-worker failure report, and demo.sh exits with it."""
+    import torch.distributed as dist
 
-
-def _write_report(path: str, effects: list[Any], data: dict) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    with open(path, "w") as out:
-        json.dump({"effects_per_rank": effects, "report": data}, out, indent=2, default=str)
-    print(f"report written to {path}", flush=True)
-
-
-def _trace_summary(trace_dir: str) -> str:
-    """The analyzer's summary of the captured steps, through the plugin's public command (the
-    core never imports a plugin); never raises: the run is done."""
-    import shutil
-    import subprocess
-    import sys
-
-    command = shutil.which("titan-trace") or os.path.join(
-        os.path.dirname(sys.executable), "titan-trace"
-    )
-    out_dir = os.path.join(os.path.dirname(os.path.abspath(trace_dir)), "trace_report")
-    try:
-        done = subprocess.run(
-            [command, "analyze", trace_dir, "--out", out_dir],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    except (OSError, subprocess.SubprocessError) as err:
-        return f"trace analysis unavailable ({type(err).__name__}: {err})"
-    text = (done.stdout + done.stderr).rstrip()
-    html = os.path.join(out_dir, "report.html")
-    if os.path.exists(html):
-        text += f"\nHTML report: {html}"
-    return "\ntrace analysis of the captured steps (titan-trace analyze):\n" + text
-
-
-def _print_report(data: dict) -> None:
-    print(f"titan-plugins {data['core_version']}: active via {data['channel']}", flush=True)
-    megatron = data.get("megatron") or {}
-    if megatron:
-        print(f"  megatron: {megatron.get('summary')}", flush=True)
-    for plugin in data["plugins"]:
-        applied = sum(p["status"] == "applied" for p in plugin["patches"])
-        why = f" ({plugin['reason']})" if plugin["reason"] else ""
-        print(
-            f"  {plugin['name']:<16} {plugin['version']:<8} {plugin['state']}{why}; "
-            f"{applied}/{len(plugin['patches'])} patches applied",
-            flush=True,
-        )
+    status = os.environ.get("TITAN_DEMO_STATUS")
+    if status:
+        with open(f"{status}.{dist.get_rank()}", "w") as out:
+            out.write(str(code))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Peers stopped at the same collective decision; the process group is not torn down
+    # (a gloo peer may already be gone), the process simply ends.
+    os._exit(0 if status else code)
 
 
 if __name__ == "__main__":

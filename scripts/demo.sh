@@ -3,10 +3,34 @@
 # every installed Titan plugin active. Extra arguments go to entrypoints/cpu_demo.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/megatron_line.sh # MEGATRON_CORE picks the Megatron line (and its venv)
+nproc=${NPROC:-4}
+# The layout is resolved once, before anything is installed or any worker starts: a layout that
+# cannot run on NPROC processes is refused in one line (not one Megatron traceback per rank), and
+# --pp / --ep left out are chosen to fit NPROC. demo_layout.py needs only the standard library.
+for arg in "$@"; do
+  case "$arg" in -h | --help) help=1 ;; esac
+done
+if [ -z "${help:-}" ]; then
+  PY=$(line_python) || exit 2
+  resolved=$("$PY" entrypoints/demo_layout.py "$nproc" "$@") || exit 2
+  eval "set -- $resolved"
+fi
 ./scripts/bootstrap.sh
+if [ -n "${help:-}" ]; then exec "$VENV/bin/python" entrypoints/cpu_demo.py --help; fi
 export OMP_NUM_THREADS=1 TORCH_COMPILE_DISABLE=1 PYTHONWARNINGS=ignore
 # Mooncake logs through glog before InitGoogleLogging (GLOG_minloglevel is ignored there);
 # its own MC_LOG_LEVEL keeps the per-connection INFO and WARNING lines out of the demo output.
 export MC_LOG_LEVEL=${MC_LOG_LEVEL:-ERROR}
-exec .venv/bin/torchrun --nproc-per-node "${NPROC:-4}" --master-port "${MASTER_PORT:-29641}" \
-  entrypoints/cpu_demo.py "$@"
+# A plugin that stops the job on purpose (rewind with nothing to roll back to) prints one
+# message on rank 0; the workers leave their exit code here instead of failing under torchrun,
+# which would add a traceback per worker.
+status_dir=$(mktemp -d)
+trap 'rm -rf "$status_dir"' EXIT
+TITAN_DEMO_STATUS="$status_dir/exit" "$VENV/bin/torchrun" --nproc-per-node "$nproc" \
+  --master-port "${MASTER_PORT:-29641}" entrypoints/cpu_demo.py "$@"
+code=0
+for file in "$status_dir"/exit.*; do
+  [ -e "$file" ] && code=$(cat "$file")
+done
+exit "$code"
