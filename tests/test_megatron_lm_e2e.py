@@ -1,20 +1,24 @@
 """Unmodified Megatron-LM ``pretrain_gpt.py`` on CPU, with the plugins installed for real.
 
-Needs a Megatron-LM core_v0.16.1 checkout named by ``MEGATRON_LM_DIR`` (docs/hosts.md says how
-to get one); skipped otherwise, so CI (no checkout) pays nothing. The runs happen in a fresh
-venv that has the Titan distributions installed (non-editable) and **no megatron-core
-distribution**: Megatron comes only from the checkout on ``PYTHONPATH``, as Megatron-LM users
-and slime's scripts run it. Each run is ``torchrun`` with 4 ranks (PP=2 x EP=2, DP=2) of
-``python -m titan_plugins.testing.megatron_lm pretrain_gpt.py ...``: the CPU harness plus the
-few ``megatron.training`` shims, then the script untouched. Plugins arrive through the
-torch.backends entry point. Each rank writes its plugin report and its per-iteration losses at
-full precision (``--report-dir``).
+Needs a Megatron-LM checkout of a supported line (core_v0.16.1 .. core_v0.19.x) named by
+``MEGATRON_LM_DIR`` (docs/hosts.md says how to get one); skipped otherwise, so CI (no checkout)
+pays nothing. The line is read from the checkout's ``megatron/core/package_info.py``, and the
+test runs on that line's Python (``scripts/megatron_line.sh``: 3.11 for 0.16, 3.12 from 0.17),
+so it is skipped, saying which venv to use, when another interpreter runs it. The runs happen in
+a fresh venv of that Python that has the Titan distributions installed (non-editable) and **no
+megatron-core distribution**: Megatron comes only from the checkout on ``PYTHONPATH``, as
+Megatron-LM users and slime's scripts run it. Each run is ``torchrun`` with 4 ranks (PP=2 x
+EP=2, DP=2) of ``python -m titan_plugins.testing.megatron_lm pretrain_gpt.py ...``: the CPU
+harness plus the few ``megatron.training`` shims, then the script untouched. Plugins arrive
+through the torch.backends entry point. Each rank writes its plugin report and its
+per-iteration losses at full precision (``--report-dir``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -25,7 +29,9 @@ from typing import Any
 
 import pytest
 
+from titan_plugins.hosts.megatron.lines import MEGATRON_LINES
 from titan_plugins.patching import APPLIED, OTHER_LINE, PENDING, gates
+from titan_plugins.patching.origin import read_package_info
 from titan_plugins.testing.freshenv import clean_env, make_venv, pip_install
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,14 +44,48 @@ CHECKOUT = Path(os.environ.get("MEGATRON_LM_DIR", "/nonexistent"))
 TRAINING_DEPS = ("six", "regex", "pydantic", "pybind11")
 ITERATIONS = 5
 
+
+def _line_pythons() -> dict[str, tuple[str, str]]:
+    """Megatron line -> (its Python, its venv), as ``scripts/megatron_line.sh`` pins them."""
+    text = (ROOT / "scripts" / "megatron_line.sh").read_text()
+    default = re.search(r"^DEFAULT_MEGATRON_CORE=(\S+)", text, re.M)
+    lines: dict[str, tuple[str, str]] = {}
+    for pins, python in re.findall(r"^\s*([0-9. |]+)\)\s*LINE_PYTHON=([0-9.]+)", text, re.M):
+        for pin in (p.strip() for p in pins.split("|")):
+            venv = ".venv" if default and pin == default[1] else f".venv-{pin}"
+            lines[pin.rsplit(".", 1)[0]] = (python, venv)
+    return lines
+
+
+def _why_not_here() -> str | None:
+    """Why this interpreter cannot run the checkout's line (None: it can)."""
+    if not (CHECKOUT / "pretrain_gpt.py").is_file():
+        return "set MEGATRON_LM_DIR to a Megatron-LM checkout, core_v0.16.1 .. core_v0.19.x"
+    if VERSION is None:
+        return f"{CHECKOUT}/megatron/core/package_info.py states no megatron-core version"
+    if LINE not in MEGATRON_LINES:
+        return f"{CHECKOUT} is megatron-core {VERSION}: the plugins serve lines {MEGATRON_LINES}"
+    python, venv = _line_pythons().get(LINE, (None, None))
+    if python is None:
+        return f"scripts/megatron_line.sh names no Python for megatron-core {LINE}"
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    if here != python:
+        return (
+            f"{CHECKOUT} is megatron-core {VERSION}: line {LINE} runs on Python {python}, this "
+            f"is {here}; run this test with {venv}/bin/python (scripts/megatron_line.sh)"
+        )
+    return None
+
+
+VERSION = read_package_info(CHECKOUT / "megatron" / "core" / "package_info.py")
+LINE = ".".join(VERSION.split(".")[:2]) if VERSION else None  # "0.16.0rc0" -> "0.16"
+WHY_NOT_HERE = _why_not_here()
+
 pytestmark = [
     pytest.mark.megatron_lm,
     pytest.mark.installed,
     pytest.mark.multiprocess,
-    pytest.mark.skipif(
-        not (CHECKOUT / "pretrain_gpt.py").is_file(),
-        reason="set MEGATRON_LM_DIR to a Megatron-LM core_v0.16.1 checkout (docs/hosts.md)",
-    ),
+    pytest.mark.skipif(WHY_NOT_HERE is not None, reason=f"{WHY_NOT_HERE} (docs/hosts.md)"),
 ]
 
 # The tiny MoE GPT of docs/hosts.md; hidden 128 so blockwise FP8's 1x128 tiles fit.
@@ -181,7 +221,8 @@ def test_a_alltoall_plugins_on_and_off_give_identical_losses(venv, alltoall_on, 
 def test_d_checkout_without_distribution_applies_every_patch(venv, alltoall_on):
     """PYTHONPATH checkout, no megatron-core in the venv: gates read the checkout's code."""
     found = alltoall_on.reports[0]["megatron"]
-    assert found["kind"] == "checkout" and found["version"] == "0.16.1"
+    # From 0.18 a git checkout appends "+<commit>" when megatron.core.package_info executes.
+    assert found["kind"] == "checkout" and found["version"].split("+")[0] == VERSION
     assert Path(found["path"]).resolve() == (CHECKOUT / "megatron" / "core").resolve()
     probe = "import importlib.metadata as m; print(m.version('megatron-core'))"
     absent = subprocess.run([str(venv), "-c", probe], env=clean_env(), capture_output=True)
