@@ -222,15 +222,23 @@ def test_expert_parallel_2_matches_world_size_1(gloo_pool2, reference):
         torch.testing.assert_close(state[name], ref_tensor, rtol=0, atol=1e-5, msg=name)
 
 
+def _assert_same_first_step_then_close(losses: list[float], ref_losses: list[float]) -> None:
+    """The first step's loss bit-identical, every later one within 1e-6 (relative) of ws1's."""
+    assert len(losses) == len(ref_losses)
+    assert losses[0] == ref_losses[0]
+    torch.testing.assert_close(losses, ref_losses, rtol=1e-6, atol=0)
+
+
 def test_pipeline_parallel_2_1f1b_matches_world_size_1(gloo_pool1, gloo_pool2):
     initial, ref_losses, ref_norms, ref_state = gloo_pool1.run(reference_run, STEPS, 4)[0]
     results = gloo_pool2.run(layout_run, initial, STEPS, 4, {"pp": 2})
     assert results[0][0] == []  # only the last stage reports losses
     losses = results[1][0]
     # Each stage computes exactly the ws1 operations, and the tied-embedding gradient is the same
-    # two-term sum, so the losses are bit-identical; only the grad-norm all-reduce across stages
-    # reorders a sum, which the clip factor carries into the weights at the 1e-7 level.
-    assert losses == ref_losses
+    # two-term sum, so the first step's loss is bit-identical; the grad-norm all-reduce across
+    # stages reorders a sum, and the clip factor (norms above 1.0) carries that into the weights
+    # at the 1e-7 level, so a later loss may differ in its last bit.
+    _assert_same_first_step_then_close(losses, ref_losses)
     for _, grad_norms, _ in results:
         torch.testing.assert_close(grad_norms, ref_norms, rtol=1e-6, atol=0)
     state = _merge([snapshot for _, _, snapshot in results])
@@ -251,6 +259,9 @@ def test_interleaved_pipeline_with_overlapped_p2p_matches_world_size_1(gloo_pool
     results = gloo_pool2.run(
         layout_run, initial, STEPS, 4, {"pp": 2, "vpp": 2}, config, keep_sent_buffers=True
     )
-    assert results[1][0] == ref_losses  # same operations per layer as at world size 1
+    # Same operations per layer as at world size 1: the first loss is bit-identical; later ones
+    # carry the reordered grad-norm sum through the clip factor (measured on an AVX2 EPYC: step
+    # 2 one ulp off, grad norms 3e-8 relative), as in the 1F1B test above.
+    _assert_same_first_step_then_close(results[1][0], ref_losses)
     for _, grad_norms, _ in results:
         torch.testing.assert_close(grad_norms, ref_norms, rtol=1e-6, atol=0)
