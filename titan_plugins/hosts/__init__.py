@@ -8,6 +8,8 @@ The host-neutral core reaches a host only through :data:`HOSTS` (checked in
 - ``LINE_GATES`` and ``SUPPORTED`` (the gates of the host's release lines, for the engine's
   "written for another line" verdict);
 - ``WRAPPER_HOOKS`` (hooks that only wrappers may implement: the room runs the original);
+- ``UPSTREAM_TESTS`` (the host's own test suites a distribution's ``upstream_tests.json`` selects
+  from: the data file's key -> the folder of a host checkout holding them);
 - ``core_patches()`` (the core's own patch records for the host), ``bind(manager_of)`` (how the room
   finds the active manager: handed over by activation, so the room never imports it back) and
   ``reset()`` (a new activation starts counting again).

@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 NAME = "megatron"
 SUPPORTED = SUPPORTED_MEGATRON
 WRAPPER_HOOKS = train_step.WRAPPER_HOOKS
+UPSTREAM_TESTS = {"megatron_lm_tests": "tests/unit_tests/"}
+"""The upstream test suites whose files a distribution's ``upstream_tests.json`` may select
+(:mod:`titan_plugins.verify.selection`): the key in the data file -> the folder of a
+Megatron-LM checkout its files live under."""
 
 __all__ = [
     "DISTRIBUTION",
@@ -46,6 +50,7 @@ __all__ = [
     "SUPPORTED",
     "SUPPORTED_MEGATRON",
     "TRIGGER_PREFIXES",
+    "UPSTREAM_TESTS",
     "WRAPPER_HOOKS",
     "bind",
     "core_patches",
