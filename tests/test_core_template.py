@@ -22,6 +22,7 @@ from titan_plugins.manager import get_plugin_manager
 from titan_plugins.patching import PatchEngine
 from titan_plugins.settings import Setting
 from titan_plugins.testing import fake_entry_point
+from titan_plugins.verify import selection
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "new_plugin.py"
@@ -38,6 +39,7 @@ SHAPE = [
     f"titan_{NAME}/patches.py",
     f"titan_{NAME}/plugin.py",
     f"titan_{NAME}/settings.py",
+    f"titan_{NAME}/upstream_tests.json",
     f"titan_{NAME}/version.py",
 ]
 
@@ -162,6 +164,11 @@ def test_generator_output_loads_and_patches(generated, monkeypatch):
         assert patch.status == "applied" and not errors  # its signature held, too
         # what test_core_ledger.py asks of every plugin in this repository
         assert patch.requires == (SUPPORTED_MEGATRON,) and patch.signature
+        # and its upstream_tests.json names a Megatron-LM test file that exercises the patch
+        data = plugin_dir / f"titan_{NAME}" / selection.DATA_FILE
+        assert selection.read(data).coverage([patch]).covered == {
+            patch.id: ("tests/unit_tests/test_parallel_state.py",)
+        }
         assert ps.initialize_model_parallel.__wrapped__ is original
     finally:
         engine.undo()

@@ -154,6 +154,14 @@ def test_sdist_ships_sources_not_binaries(sdists, dist):
 
 
 @pytest.mark.parametrize("dist", DISTRIBUTIONS, ids=IDS)
+def test_sdist_ships_the_upstream_test_selection(sdists, dist):
+    """``upstream_tests.json`` (tests/test_verify_selection.py) is package data: in the sdist,
+    and from there in the wheel (``[options.package_data]``)."""
+    package = "titan_plugins/hosts/megatron" if dist == ROOT else package_of(dist)
+    assert f"{package}/upstream_tests.json" in sdists[dist].members
+
+
+@pytest.mark.parametrize("dist", DISTRIBUTIONS, ids=IDS)
 def test_one_version_source(sdists, dist):
     package = dist / package_of(dist)
     assert sdists[dist].info["Version"] == version_py(dist)
