@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from titan_PLUGIN_NAME import patches
 from titan_PLUGIN_NAME.plugin import STEPS
 from titan_PLUGIN_NAME.settings import LOG_EVERY
 
@@ -16,6 +17,7 @@ from titan_plugins import active_manager
 from titan_plugins.hosts.megatron.train_step import TrainStep
 from titan_plugins.settings import SettingError
 from titan_plugins.testing import environ, plugin_active
+from titan_plugins.verify.selection import load
 
 
 def test_patches_apply_and_undo():
@@ -26,6 +28,13 @@ def test_patches_apply_and_undo():
         assert {p.status for p in engine.patches() if p.plugin == "PLUGIN_NAME"} == {"applied"}
         assert ps.initialize_model_parallel.__wrapped__ is original
     assert ps.initialize_model_parallel is original
+
+
+def test_every_patch_names_the_upstream_tests_that_exercise_it():
+    # upstream_tests.json (shipped in the package): which Megatron-LM unit tests call each
+    # patch's target (to run with the plugin off and on), or why none does
+    coverage = load("titan_PLUGIN_NAME").coverage(patches.patches())
+    assert coverage.problems() == []
 
 
 def test_bad_knob_value_warns_and_strict_refuses_it(caplog):
