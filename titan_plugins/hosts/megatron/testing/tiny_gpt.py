@@ -311,21 +311,29 @@ def train(
         for chunk in chunks:
             chunk.zero_grad_buffer()
         optimizer.zero_grad()
-        outputs = forward_backward(
-            forward_step_func=forward_step,
-            data_iterator=iterators if len(chunks) > 1 else iterators[0],
-            model=chunks if len(chunks) > 1 else chunks[0],
-            num_microbatches=num_microbatches,
-            seq_length=SEQ,
-            micro_batch_size=MBS,
-            forward_only=False,
-        )
+        outputs = _run_schedule(forward_backward, chunks, iterators, num_microbatches, False)
         _, grad_norm, _ = optimizer.step()
         grad_norms.append(float(grad_norm))
         if outputs:  # only the last pipeline stage gets the loss reports
             total = torch.stack([out["lm loss"] for out in outputs]).sum(0)
             losses.append((total[0] / total[1]).item())
     return losses, grad_norms
+
+
+def _run_schedule(
+    forward_backward: Any, chunks: list, iterators: list, num_microbatches: int, forward_only: bool
+) -> list:
+    """One call of megatron's schedule over the tiny GPT: a list of chunks and of iterators only
+    when there are several virtual stages, as megatron expects."""
+    return forward_backward(
+        forward_step_func=forward_step,
+        data_iterator=iterators if len(chunks) > 1 else iterators[0],
+        model=chunks if len(chunks) > 1 else chunks[0],
+        num_microbatches=num_microbatches,
+        seq_length=SEQ,
+        micro_batch_size=MBS,
+        forward_only=forward_only,
+    )
 
 
 def evaluate(
@@ -338,14 +346,8 @@ def evaluate(
     batches = fixed_batches(num_microbatches, seed)
     iterators = [iter(batches) for _ in chunks]
     with torch.no_grad():
-        outputs = get_forward_backward_func()(
-            forward_step_func=forward_step,
-            data_iterator=iterators if len(chunks) > 1 else iterators[0],
-            model=chunks if len(chunks) > 1 else chunks[0],
-            num_microbatches=num_microbatches,
-            seq_length=SEQ,
-            micro_batch_size=MBS,
-            forward_only=True,
+        outputs = _run_schedule(
+            get_forward_backward_func(), chunks, iterators, num_microbatches, True
         )
     if not outputs:
         return None
