@@ -237,18 +237,18 @@ def _ids(value: Any, where: str, bad: _Bad) -> tuple[str, ...]:
     if not isinstance(value, list) or not value:
         raise bad(where, f"must be a non-empty list of patch ids, not {_kind(value)}")
     for i, patch_id in enumerate(value):
-        if (
-            not isinstance(patch_id, str)
-            or not patch_id
-            or patch_id != patch_id.strip()
-            or " " in patch_id
-        ):
+        if not _is_patch_id(patch_id):
             raise bad(
                 f"{where}[{i}]", f"must be a patch id (a string without spaces): {patch_id!r}"
             )
     if len(set(value)) != len(value):
         raise bad(where, "names an id twice")
     return tuple(value)
+
+
+def _is_patch_id(value: Any) -> bool:
+    """A patch record id: a non-empty string without spaces or surrounding whitespace."""
+    return isinstance(value, str) and bool(value) and value == value.strip() and " " not in value
 
 
 def _world_sizes(value: Any, where: str, bad: _Bad) -> tuple[int, ...]:
@@ -266,7 +266,7 @@ def _not_covered(value: Any, bad: _Bad) -> dict[str, str]:
     if not isinstance(value, dict):
         raise bad(NOT_COVERED, f"must be an object of patch id -> reason, not {_kind(value)}")
     for patch_id, reason in value.items():
-        if not patch_id or patch_id != patch_id.strip() or " " in patch_id:
+        if not _is_patch_id(patch_id):
             raise bad(
                 f"{NOT_COVERED}[{patch_id!r}]", "must be a patch id (a string without spaces)"
             )
