@@ -94,9 +94,11 @@ def test_good_knob_values_pass(monkeypatch: pytest.MonkeyPatch, var: str, value:
 
 
 def test_protocol_autodetect(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(mooncake_engine, "rdma_nics", lambda: ["mlx5_0"])
+    from titan_plugins.transport import mooncake
+
+    monkeypatch.setattr(mooncake, "rdma_nics", lambda: ["mlx5_0"])
     assert mooncake_engine.resolve_protocol("auto") == "rdma"
-    monkeypatch.setattr(mooncake_engine, "rdma_nics", lambda: [])
+    monkeypatch.setattr(mooncake, "rdma_nics", lambda: [])
     assert mooncake_engine.resolve_protocol("auto") == "tcp"
     assert mooncake_engine.resolve_protocol("rdma") == "rdma"
 

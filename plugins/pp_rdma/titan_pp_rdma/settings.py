@@ -7,21 +7,16 @@ The session reads them once per communicator into a :class:`PPRdmaSettings`.
 
 from __future__ import annotations
 
-import ipaddress
-import re
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from titan_plugins.settings import BYTES, Setting
+from titan_plugins.transport.addresses import host_problem, nic_problem
 
 BACKENDS = ("auto", "mooncake", "torch")
 PROTOCOLS = ("auto", "rdma", "tcp")
 BUFFERS = ("auto", "ring", "direct")
 METADATA_SCHEMES = ("etcd", "redis", "http", "https")
-# Patterns as text, compiled by re's cache at the first check of a set value: compiling them
-# here cost ~1 ms inside every ``import megatron``, mostly for knobs nobody sets.
-_HOSTNAME = r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
-_NIC = r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}"
 
 
 def _check_metadata(value: str) -> str | None:
@@ -38,26 +33,6 @@ def _check_metadata(value: str) -> str | None:
             "redis://h:p or http://h:p/metadata"
         )
     return None
-
-
-def _check_device(value: str) -> str | None:
-    bad = [nic for nic in value.split(",") if not re.fullmatch(_NIC, nic.strip())]
-    return (
-        f"not RDMA device names: {', '.join(map(repr, bad))} (e.g. mlx5_0,mlx5_1)" if bad else None
-    )
-
-
-def _check_host(value: str) -> str | None:
-    try:
-        if ipaddress.ip_address(value).is_unspecified:
-            return (
-                "a wildcard is not an address peers can reach, and pp_rdma never listens on "
-                "every interface: give this host's address on the job's network"
-            )
-        return None
-    except ValueError:
-        pass
-    return None if re.fullmatch(_HOSTNAME, value) else "not an IP address or host name"
 
 
 BACKEND = Setting(
@@ -86,7 +61,7 @@ DEVICE = Setting(
     str,
     "",
     "comma-separated RDMA NIC names for Mooncake (empty: auto)",
-    validate=_check_device,
+    validate=nic_problem,
     default_text="(auto)",
 )
 HOST = Setting(
@@ -95,7 +70,7 @@ HOST = Setting(
     "",
     "address peers reach this rank on, and the only one pp_rdma and Mooncake listen on (empty: "
     "127.0.0.1 for a local job, else the interface that routes to MASTER_ADDR)",
-    validate=_check_host,
+    validate=host_problem,
     default_text="(auto)",
 )
 TIMEOUT_S = Setting(
