@@ -262,17 +262,20 @@ def start_armed(armed: arming.Armed) -> None:
         logger.debug("activation traceback", exc_info=True)
 
 
-def apply(only: list[str] | None = None, strict: bool | None = None) -> Activation:
+def apply(
+    only: list[str] | None = None, strict: bool | None = None, channel: str = "apply"
+) -> Activation:
     """Explicit activation (``import titan_plugins; titan_plugins.apply()``); idempotent.
 
     Works with ``TITAN_PLUGINS_AUTOLOAD=0``; honours ``TITAN_PLUGINS=0`` and the other switches.
-    An armed automatic channel is taken over (its trigger is disarmed).
+    An armed automatic channel is taken over (its trigger is disarmed). ``channel`` names who
+    asked (a host's plugin loader, e.g. ``sglang.srt.plugins``).
     """
     global _CURRENT
     if _CURRENT is not None and _CURRENT.is_active:
         return _CURRENT
-    arming.disarm("apply")
-    state = _CURRENT = Activation("apply", only=only, strict=strict)
+    arming.disarm(channel)
+    state = _CURRENT = Activation(channel, only=only, strict=strict)
     return state.start()
 
 

@@ -58,6 +58,8 @@ def _print_list(data: dict[str, Any], out: Any) -> None:
         file=out,
     )
     print(f"  megatron: {data['megatron']['summary']}", file=out)
+    for name, host in data.get("hosts", {}).items():
+        print(f"  {name}: {host['summary']}", file=out)
     if not data["active"]:
         print(f"  inactive: {data['inactive_reason']}", file=out)
     if not data["plugins"]:

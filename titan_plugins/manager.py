@@ -38,6 +38,7 @@ FIRST_PARTY = {
     "pp_rdma": "titan-pp-rdma",
     "trace_analysis": "titan-trace-analysis",
     "rewind": "titan-rewind",
+    "weight_sync": "titan-weight-sync",
 }
 # Hooks that only wrappers may implement (each host room runs the original function).
 WRAPPER_HOOKS = tuple(hook for host in HOSTS.values() for hook in host.WRAPPER_HOOKS)

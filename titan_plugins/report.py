@@ -21,6 +21,7 @@ def collect(state: activation.Activation | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "core_version": __version__,
         "megatron": megatron_origin(),
+        "hosts": host_descriptions(),
         "autoload": activation.autoload_state(),
         "active": bool(state and state.is_active),
         "channel": state.channel if state else None,
@@ -65,6 +66,20 @@ def megatron_origin() -> dict[str, Any]:
     except Exception as err:  # a report must never fail because of an odd environment
         return {"summary": f"megatron.core: origin unknown ({type(err).__name__}: {err})"}
     return {**found.as_dict(), "summary": found.summary()}
+
+
+def host_descriptions() -> dict[str, dict[str, Any]]:
+    """Each host room's own description (SGLang: its version, and which SGLang process this
+    is); hosts with nothing to add are left out."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, host in HOSTS.items():
+        try:
+            found = host.describe()
+        except Exception as err:  # a report must never fail because of an odd environment
+            found = {"summary": f"{name}: unknown ({type(err).__name__}: {err})"}
+        if found:
+            out[name] = found
+    return out
 
 
 def _own_dict(plugin: Any, hook: str) -> dict[str, Any]:

@@ -11,8 +11,9 @@ The host-neutral core reaches a host only through :data:`HOSTS` (checked in
 - ``UPSTREAM_TESTS`` (the host's own test suites a distribution's ``upstream_tests.json`` selects
   from: the data file's key -> the folder of a host checkout holding them);
 - ``core_patches()`` (the core's own patch records for the host), ``bind(manager_of)`` (how the room
-  finds the active manager: handed over by activation, so the room never imports it back) and
-  ``reset()`` (a new activation starts counting again).
+  finds the active manager: handed over by activation, so the room never imports it back),
+  ``reset()`` (a new activation starts counting again) and ``describe()`` (what the report says
+  of the host beyond the Megatron origin: its version, which of its processes this is).
 
 A room imports the core's leaf modules (records, signatures, settings), never ``activation``,
 ``manager`` or ``builtin``: the core's import graph has no cycle.
@@ -20,9 +21,9 @@ A room imports the core's leaf modules (records, signatures, settings), never ``
 
 from __future__ import annotations
 
-from titan_plugins.hosts import megatron
+from titan_plugins.hosts import megatron, sglang
 
-HOSTS = {megatron.NAME: megatron}
+HOSTS = {megatron.NAME: megatron, sglang.NAME: sglang}
 """Host name -> its room (the one registration point of the core)."""
 
 __all__ = ["HOSTS"]

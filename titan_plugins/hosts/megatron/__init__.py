@@ -54,6 +54,7 @@ __all__ = [
     "WRAPPER_HOOKS",
     "bind",
     "core_patches",
+    "describe",
     "megatron_lines",
     "reset",
 ]
@@ -75,3 +76,8 @@ def bind(manager_of: Callable[[], Any]) -> None:
 def reset() -> None:
     """Forget the loop position (a new activation starts counting from 0)."""
     train_step.reset()
+
+
+def describe() -> dict[str, Any]:
+    """Nothing beyond the report's own ``megatron`` entry (where megatron.core comes from)."""
+    return {}

@@ -189,20 +189,30 @@ def make_config(**overrides: Any) -> TransformerConfig:
     return TransformerConfig(**fields)
 
 
-def build_model(cfg: TransformerConfig, vpp: int | None = None, ddp: bool = True) -> list:
+def build_model(
+    cfg: TransformerConfig, vpp: int | None = None, ddp: bool = True, **gpt_kwargs: Any
+) -> list:
     """Build the GPT model chunks of this rank (one per virtual pipeline stage).
 
     Each chunk gets the right ``pre_process`` / ``post_process`` for its (virtual) stage. With
     ``ddp=True`` chunks are wrapped in megatron's DistributedDataParallel (``Float16Module`` first
     when ``cfg.bf16`` / ``cfg.fp16``); ``ddp=False`` returns bare ``GPTModel``s (e.g. to load
     weights before wrapping with ``wrap_ddp``). ``vpp`` defaults to the config's virtual size.
+    ``gpt_kwargs`` go to ``GPTModel`` (e.g. ``position_embedding_type="rope"``,
+    ``share_embeddings_and_output_weights=False`` for a Llama-style model, with
+    ``make_config(normalization="RMSNorm", gated_linear_unit=True, ...)``).
     """
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     vpp = vpp or cfg.virtual_pipeline_model_parallel_size
-    spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts)
+    if cfg.normalization == "LayerNorm":
+        spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts)
+    else:
+        spec = get_gpt_layer_local_spec(
+            num_experts=cfg.num_moe_experts, normalization=cfg.normalization
+        )
     chunks = []
     for index in range(vpp or 1):
         vp_stage = index if vpp else None
@@ -215,6 +225,7 @@ def build_model(cfg: TransformerConfig, vpp: int | None = None, ddp: bool = True
                 pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
                 post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
                 vp_stage=vp_stage,
+                **gpt_kwargs,
             )
         )
     return wrap_ddp(chunks, cfg) if ddp else chunks
