@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Create (or update) .venv-sglang: SGLang 0.5.23 on CPU for the weight_sync / SGLang-host tests and
+# the benchmark (engines run there; the trainer runs in the Megatron line's venv). Every package
+# is pinned in requirements/sglang-0.5.23.txt and installed with --no-deps: sglang's own metadata
+# pulls a CUDA torch, torchvision, sgl-kernel and flashinfer. The two imports with no CPU build
+# are stubbed by tests/sglang_env/titan_sglang_cpu_stubs.py, for this venv only. Then the core and
+# weight_sync, editable. Idempotent: a second run only re-checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${SGLANG_VENV:-.venv-sglang}
+requirements=requirements/sglang-0.5.23.txt
+stamp=$VENV/.titan-bootstrap
+want=$(cat "$requirements" setup.cfg plugins/weight_sync/setup.cfg tests/sglang_env/titan_sglang_cpu_stubs.py scripts/sglang_env.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+PY=${PYTHON311:-python3.11}
+if ! command -v "$PY" >/dev/null 2>&1; then
+  PY=$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.11.*/bin/python3.11 2>/dev/null | sort -V | tail -n 1)
+fi
+if [ -z "$PY" ]; then
+  echo "sglang_env: needs Python 3.11 (set PYTHON311=/path/to/python3.11)" >&2
+  exit 2
+fi
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+log=$VENV/bootstrap.log
+echo "sglang_env: installing SGLang 0.5.23 (CPU), the core and weight_sync into $VENV ($log)" >&2
+if ! {
+  "$VENV/bin/python" -m pip install -q torch==2.13.0 &&
+    "$VENV/bin/python" -m pip install -q --no-deps -r "$requirements" &&
+    "$VENV/bin/python" -m pip install -q --no-deps -e . -e plugins/weight_sync
+} >"$log" 2>&1; then
+  cat "$log" >&2
+  echo "sglang_env: pip failed (full log: $log)" >&2
+  exit 1
+fi
+site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+stubs=$(pwd)/tests/sglang_env
+# transformers reads torchvision's version from its metadata: give the stub one
+mkdir -p "$stubs/dist"
+dist="$stubs/dist/torchvision-0.28.0.dist-info"
+mkdir -p "$dist"
+printf 'Metadata-Version: 2.1\nName: torchvision\nVersion: 0.28.0\n' >"$dist/METADATA"
+printf 'import sys; sys.path.insert(0, %s); sys.path.insert(0, %s); import titan_sglang_cpu_stubs\n' \
+  "'$stubs/dist'" "'$stubs'" >"$site/zz_titan_sglang_cpu_stubs.pth"
+echo "$want" >"$stamp"
