@@ -5,6 +5,8 @@
 # composition matrix and the demo on the lines between (SOME_LINES: 0.17.1 and 0.18.2). Each line
 # has its own venv (scripts/megatron_line.sh). With MEGATRON_CORE set, only that line runs, with
 # the pytest arguments given (e.g. MEGATRON_CORE=0.18.2 ./scripts/test.sh -q tests/test_demo.py).
+# The SGLang leg: the tests marked ``sglang`` (CPU SGLang engines started from .venv-sglang,
+# scripts/sglang_env.sh; the trainer side in the default line's venv) run once, after the lines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FULL_LINES=${FULL_LINES:-0.19.2 0.16.1}
@@ -35,11 +37,17 @@ for line in $FULL_LINES $SOME_LINES; do
     "$venv/bin/ruff" format --check .
     first=0
   fi
-  case " $FULL_LINES " in *" $line "*) tests=("$@") ;; *) tests=("$@" "${SOME_TESTS[@]}") ;; esac
+  case " $FULL_LINES " in *" $line "*) tests=(-m "not sglang" "$@") ;; *) tests=("$@" "${SOME_TESTS[@]}") ;; esac
   echo "== megatron-core $line ($venv): pytest ${tests[*]:-(the whole suite)}" >&2
   # MEGATRON_CORE tells what the tests start (scripts/demo.sh) which line this leg is.
   MEGATRON_CORE=$line "$venv/bin/python" -m pytest --junitxml="$results/$line.xml" "${tests[@]}" || status=$?
 done
+if [ "${SGLANG_LEG:-1}" = 1 ]; then
+  ./scripts/sglang_env.sh
+  venv=$(bash -c '. scripts/megatron_line.sh; echo "$VENV"')
+  echo "== SGLang 0.5.23 (.venv-sglang) with megatron-core $(bash -c '. scripts/megatron_line.sh; echo "$MEGATRON_CORE"') trainers: pytest -m sglang" >&2
+  TITAN_SGLANG_PYTHON=.venv-sglang/bin/python "$venv/bin/python" -m pytest --junitxml="$results/sglang.xml" -m sglang "$@" || status=$?
+fi
 # One closing line for the whole run, summed over every line's pytest.
 python3 - "$results" <<'PY'
 import pathlib, sys, xml.etree.ElementTree as ET
@@ -48,7 +56,8 @@ for path in sorted(pathlib.Path(sys.argv[1]).glob("*.xml")):
     for suite in ET.parse(path).getroot().iter("testsuite"):
         for key in total:
             total[key] += int(suite.get(key, 0))
-        print(f"megatron-core {path.stem}: {suite.get('tests')} tests, {suite.get('failures')} failed, "
+        leg = "SGLang 0.5.23" if path.stem == "sglang" else f"megatron-core {path.stem}"
+        print(f"{leg}: {suite.get('tests')} tests, {suite.get('failures')} failed, "
               f"{suite.get('errors')} errors, {suite.get('skipped')} skipped")
 failed = total["failures"] + total["errors"]
 passed = total["tests"] - failed - total["skipped"]

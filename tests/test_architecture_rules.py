@@ -437,9 +437,9 @@ def host_problems(root: Path) -> list[str]:
 def test_the_core_is_host_neutral_and_reaches_hosts_only_through_hosts() -> None:
     assert host_problems(ROOT) == []
     from titan_plugins import autoload, hosts
-    from titan_plugins.hosts import megatron
+    from titan_plugins.hosts import megatron, sglang
 
-    assert hosts.HOSTS == {"megatron": megatron}
+    assert hosts.HOSTS == {"megatron": megatron, "sglang": sglang}
     # the import-torch trigger stays standard library only, so it lists the hosts' packages
     # itself: the same ones
     prefixes = {p for host in hosts.HOSTS.values() for p in host.TRIGGER_PREFIXES}

@@ -3,8 +3,9 @@ miles).
 
 - :mod:`~titan_plugins.hosts.sglang.versions`: the served releases and their gates
   (:data:`SUPPORTED_SGLANG`, :func:`sglang_releases`);
-- :mod:`~titan_plugins.hosts.sglang.entry`: the ``sglang.srt.plugins`` entry point that activates
-  the registry in every SGLang process (engine, scheduler, detokenizer), and which process it is.
+- :mod:`~titan_plugins.hosts.sglang.process`: which SGLang process this is (the server, a
+  scheduler, the detokenizer), recorded by the ``sglang.srt.plugins`` entry point
+  (``titan_entrypoints.sglang_plugins``) that activates the registry there.
 
 Plugins declare SGLang patches with the same :class:`~titan_plugins.patching.Patch` records as
 Megatron's, gated with :func:`sglang_releases` and checked by signature. Imported only through
@@ -72,7 +73,7 @@ def describe() -> dict[str, Any]:
     which one this is (set by the entry point)."""
     from importlib import metadata
 
-    from titan_plugins.hosts.sglang.entry import PROCESS
+    from titan_plugins.hosts.sglang.process import PROCESS
 
     try:
         version: str | None = metadata.version(DISTRIBUTION)

@@ -13,7 +13,7 @@ DISTRIBUTION = "sglang"
 """The distribution the gates name."""
 TRIGGER_PREFIXES: tuple[str, ...] = ()
 """None: SGLang processes reach the registry through SGLang's own plugin loader (the
-``sglang.srt.plugins`` entry point, :mod:`~titan_plugins.hosts.sglang.entry`), which honours
+``sglang.srt.plugins`` entry point, ``titan_entrypoints.sglang_plugins``), which honours
 ``SGLANG_PLUGINS``; an ``import sglang`` in a trainer (slime and miles import it) activates
 nothing by itself."""
 

@@ -1,0 +1,415 @@
+"""weight_sync against a real CPU SGLang 0.5.23 engine (the SGLang venv), the trainer being
+unmodified megatron-core trained by its own schedules on gloo workers.
+
+One engine ("synced") receives every update over Mooncake TCP; a second ("reference") loads the
+same weights through SGLang's own ``update_weights_from_disk``. After each of three updates (and
+one from a TP=2 trainer) their per-token logprobs are bit-identical, and the greedy tokens equal
+Hugging Face transformers' on the saved checkpoint. Megatron's own logits equal the Hugging Face
+model's on the converted weights (the name and layout conversion is right). Then the faults: each
+one is refused by name, and the engine keeps serving its last complete version.
+
+These tests run in the SGLang leg of scripts/test.sh (``-m sglang``); without the SGLang venv
+(``./scripts/sglang_env.sh``) they are skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from titan_weight_sync import stats, tiny_llama, wire
+from titan_weight_sync.cpu_engine import CPUEngine, EngineClient, sglang_python
+from titan_weight_sync.errors import WeightSyncError
+from titan_weight_sync.hf_checkpoint import load_safetensors, save_checkpoint
+from titan_weight_sync.megatron_export import gather_hf_weights
+from titan_weight_sync.settings import WeightSyncSettings
+from titan_weight_sync.trainer_side import WeightSync
+
+from titan_plugins import host_memory
+from titan_plugins.hosts.megatron.testing import tiny_gpt
+from titan_plugins.transport import auth
+
+pytestmark = [
+    pytest.mark.sglang,
+    pytest.mark.multiprocess,
+    pytest.mark.skipif(
+        sglang_python() is None,
+        reason="needs the SGLang venv (./scripts/sglang_env.sh); scripts/test.sh's SGLang leg "
+        "runs these",
+    ),
+]
+PROMPTS = [[1, 5, 6, 7], [3, 9, 27, 81, 2], [100, 50, 25, 12, 6, 3]]
+
+
+def settings(secret_file: str, **overrides) -> WeightSyncSettings:
+    """The trainer's knobs in these tests (TCP on loopback)."""
+    return WeightSyncSettings(
+        protocol="tcp", host="127.0.0.1", secret_file=secret_file, **overrides
+    )
+
+
+# ---------------------------------------------------------------- trainer tasks (gloo workers)
+def initial_checkpoint_task(out_dir: str) -> dict:
+    """The engines' starting checkpoint: the trainer's initial weights (and, for the conversion
+    check, megatron's own fp32 logits with an fp32 copy of the checkpoint)."""
+    tiny_gpt.init_parallel()
+    cfg = tiny_llama.make_config()
+    chunks = tiny_llama.build(cfg)
+    weights = gather_hf_weights(chunks, cfg)
+    save_checkpoint(weights, tiny_llama.hf_config(cfg), f"{out_dir}/ckpt0", torch.bfloat16)
+    save_checkpoint(weights, tiny_llama.hf_config(cfg), f"{out_dir}/ckpt0_f32", torch.float32)
+    ids = torch.tensor(PROMPTS[2:])
+    torch.save(tiny_llama.logits(chunks, ids), f"{out_dir}/ckpt0_megatron_logits.pt")
+    return {"tensors": len(weights)}
+
+
+def train_and_sync_task(
+    layout: dict, out_dir: str, secret_file: str, synced: str, reference: str, updates: list[str]
+) -> list[dict]:
+    """Train two steps per update, gather, sync into ``synced`` and load the saved checkpoint into
+    ``reference`` from disk; each update's generations from both engines (rank 0)."""
+    tiny_gpt.init_parallel(**layout)
+    cfg = tiny_llama.make_config()
+    chunks = tiny_llama.build(cfg)
+    optimizer = tiny_gpt.make_optimizer(chunks, cfg, lr=3e-3)
+    sync = WeightSync([synced], settings(secret_file, staging_bytes=64 << 10))
+    records = []
+    try:
+        for version in updates:
+            losses, _ = tiny_gpt.train(chunks, cfg, steps=2, optimizer=optimizer)
+            weights = gather_hf_weights(chunks, cfg)
+            if not weights:
+                continue  # not rank 0
+            checkpoint = save_checkpoint(
+                weights, tiny_llama.hf_config(cfg), f"{out_dir}/ckpt_{version}", torch.bfloat16
+            )
+            result = sync.sync(weights, version)
+            EngineClient(reference).load_from_disk(checkpoint, version)
+            records.append(
+                {
+                    "version": version,
+                    "checkpoint": str(checkpoint),
+                    "losses": losses,
+                    "bytes": result.bytes_written,
+                    "synced": EngineClient(synced).generate(PROMPTS),
+                    "reference": EngineClient(reference).generate(PROMPTS),
+                    "synced_version": EngineClient(synced).weight_version(),
+                }
+            )
+    finally:
+        sync.close()
+    return records
+
+
+HF_REFERENCE = textwrap.dedent(
+    """
+    import json, sys, torch
+    from transformers import AutoModelForCausalLM
+    job = json.loads(sys.argv[1])
+    out = {"greedy": {}, "logits_max_diff": None}
+    for path in job["checkpoints"]:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+        rows = []
+        for prompt in job["prompts"]:
+            ids = torch.tensor([prompt])
+            new = model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None,
+                                 pad_token_id=0)
+            rows.append(new[0, len(prompt):].tolist())
+        out["greedy"][path] = rows
+    model = AutoModelForCausalLM.from_pretrained(job["f32"], dtype=torch.float32).eval()
+    with torch.no_grad():
+        hf = model(torch.tensor(job["logits_prompts"])).logits
+    mine = torch.load(job["megatron_logits"])
+    out["logits_max_diff"] = (hf - mine).abs().max().item()
+    out["logits_scale"] = hf.abs().max().item()
+    print("RESULT" + json.dumps(out))
+    """
+)
+
+
+def hf_reference(out_dir: Path, checkpoints: list[str]) -> dict:
+    """Greedy tokens of Hugging Face transformers for each checkpoint, and the largest
+    difference between its fp32 logits and megatron's on the initial weights."""
+    job = {
+        "checkpoints": checkpoints,
+        "prompts": PROMPTS,
+        "f32": str(out_dir / "ckpt0_f32"),
+        "megatron_logits": str(out_dir / "ckpt0_megatron_logits.pt"),
+        "logits_prompts": PROMPTS[2:],
+    }
+    done = subprocess.run(
+        [sglang_python(), "-c", HF_REFERENCE, json.dumps(job)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    line = [x for x in done.stdout.splitlines() if x.startswith("RESULT")]
+    assert line, done.stderr[-3000:]
+    return json.loads(line[0][len("RESULT") :])
+
+
+# ---------------------------------------------------------------- the engines
+@pytest.fixture(scope="module")
+def job(tmp_path_factory, gloo_pool1):
+    """A secret, the initial checkpoint and two engines serving it."""
+    out = tmp_path_factory.mktemp("weight_sync")
+    secret_file = str(out / "secret")
+    auth.write_secret(secret_file)
+    gloo_pool1.run(initial_checkpoint_task, str(out))
+    env = {"TITAN_WEIGHT_SYNC_SECRET_FILE": secret_file}
+    engines = [CPUEngine(out / "ckpt0", out / f"{name}.log", env) for name in ("synced", "ref")]
+    try:
+        for engine in engines:
+            engine.wait_ready()
+        yield {"dir": out, "secret": secret_file, "synced": engines[0], "reference": engines[1]}
+    finally:
+        for engine in engines:
+            engine.stop()
+
+
+def test_every_sglang_process_lists_the_registry(job) -> None:
+    log = job["synced"].log.read_text(errors="replace")
+    lines = [line for line in log.splitlines() if line.startswith("[titan_plugins] sglang")]
+    roles = {line.split()[2] for line in lines}
+    assert {"server", "scheduler", "detokenizer"} <= roles, lines
+    assert all("activated via sglang.srt.plugins" in line for line in lines), lines
+    assert all("weight_sync (enabled)" in line for line in lines), lines
+
+
+def test_three_updates_from_megatron_match_a_disk_loaded_engine_and_transformers(
+    job, gloo_pool1
+) -> None:
+    synced, reference = job["synced"], job["reference"]
+    before = synced.client.generate(PROMPTS)
+    (records,) = gloo_pool1.run(
+        train_and_sync_task, {}, str(job["dir"]), job["secret"], synced.url, reference.url,
+        ["1", "2", "3"],
+    )  # fmt: skip
+    assert [r["version"] for r in records] == ["1", "2", "3"]
+    assert [r["synced_version"] for r in records] == ["1", "2", "3"]
+    assert records[0]["synced"] != before, "the update changed nothing the engine serves"
+    assert records[0]["synced"] != records[2]["synced"]
+    for record in records:
+        # bit-identical logprobs: the synced engine serves exactly the saved checkpoint
+        assert record["synced"] == record["reference"], record["version"]
+    hf = hf_reference(job["dir"], [r["checkpoint"] for r in records])
+    for record in records:
+        tokens = [row["tokens"] for row in record["synced"]]
+        assert tokens == hf["greedy"][record["checkpoint"]], record["version"]
+    # the conversion: megatron's own fp32 logits equal the Hugging Face model's
+    assert hf["logits_max_diff"] < 1e-5 * max(1.0, hf["logits_scale"]), hf
+    job["last"] = records[-1]
+
+
+def test_a_tp2_trainer_syncs_the_same_way(job, gloo_pool2) -> None:
+    synced, reference = job["synced"], job["reference"]
+    records, rest = gloo_pool2.run(
+        train_and_sync_task, {"tp": 2}, str(job["dir"]), job["secret"], synced.url,
+        reference.url, ["tp2-1"],
+    )  # fmt: skip
+    assert rest == []
+    (record,) = records
+    assert record["synced_version"] == "tp2-1"
+    assert record["synced"] == record["reference"]
+    job["last"] = record
+
+
+# ---------------------------------------------------------------- faults
+def _serving(job) -> tuple[str, list]:
+    client = job["synced"].client
+    return client.weight_version(), client.generate(PROMPTS)
+
+
+def _checkpoint(job) -> Path:
+    """The last checkpoint synced (the initial one when this test runs alone)."""
+    last = job.get("last")
+    return Path(last["checkpoint"] if last else job["dir"] / "ckpt0") / "model.safetensors"
+
+
+def _weights(job) -> dict[str, torch.Tensor]:
+    return load_safetensors(_checkpoint(job))
+
+
+def test_bad_input_is_refused_by_name_before_a_byte_moves(job) -> None:
+    serving = _serving(job)
+    weights = _weights(job)
+    sync = WeightSync([job["synced"].url], settings(job["secret"]))
+    cases = {
+        "model.layers.9.mlp.up_proj.weight": ("serve no tensor named", lambda w: w.update(
+            {"model.layers.9.mlp.up_proj.weight": torch.zeros(1)})),
+        "shape": (r"has shape \(64, 63\)", lambda w: w.update(
+            {"model.layers.0.mlp.down_proj.weight": torch.zeros(64, 63)})),
+        "missing": ("were not given", lambda w: w.pop("model.norm.weight")),
+    }  # fmt: skip
+    for what, (message, change) in cases.items():
+        broken = dict(weights)
+        change(broken)
+        with pytest.raises(WeightSyncError, match=message):
+            sync.sync(broken, f"bad-{what}")
+    small = WeightSync([job["synced"].url], settings(job["secret"], staging_bytes=4096))
+    with pytest.raises(WeightSyncError, match="TITAN_WEIGHT_SYNC_STAGING_BYTES"):
+        small.sync(weights, "bad-staging")
+    small.close()
+    sync.close()
+    assert "weight_sync.staging" not in host_memory.usage()
+    assert _serving(job) == serving
+
+
+def test_a_peer_without_the_secret_learns_nothing(job) -> None:
+    api = job["synced"].api
+    ok, text = api.titan(wire.hello_request(bytes(32), "0" * 32))
+    assert not ok and "not signed with the job's secret" in text
+    assert "session_id" not in text and "landing" not in text
+
+
+def test_replayed_and_forged_commits_are_refused(job, monkeypatch) -> None:
+    from titan_weight_sync.engine_api import EngineAPI
+
+    sent: list[bytes] = []
+    original = EngineAPI.titan
+
+    def recording(self, payload, weight_version=None):
+        sent.append(payload)
+        return original(self, payload, weight_version)
+
+    monkeypatch.setattr(EngineAPI, "titan", recording)
+    sync = WeightSync([job["synced"].url], settings(job["secret"]))
+    sync.sync(_weights(job), "replay-base")
+    sync.close()
+    monkeypatch.setattr(EngineAPI, "titan", original)
+    serving = _serving(job)
+    commit = next(p for p in sent if b'"op":"commit"' in p)
+    api = job["synced"].api
+    ok, text = api.titan(commit, "replayed")
+    assert not ok and "commit without a hello" in text
+    secret = auth.read_secret(job["secret"], "secret")
+    ok, hello = api.titan(wire.hello_request(secret, auth.nonce()))
+    assert ok
+    ok, text = api.titan(commit, "replayed")  # a new exchange is open: still not this one's
+    assert not ok and "another exchange" in text
+    ok, hello = api.titan(wire.hello_request(secret, auth.nonce()))
+    nonce = wire.reply_body(hello)["engine_nonce"]
+    forged = wire.commit_request(bytes(32), nonce, "forged", [("a", "0" * 64)])
+    ok, text = api.titan(forged, "forged")
+    assert not ok and "not signed" in text
+    ok, _ = api.titan(wire.abort_request(secret, nonce))
+    assert ok
+    assert _serving(job) == serving
+
+
+FORGER = textwrap.dedent(
+    """
+    import sys, torch
+    from mooncake.engine import TransferEngine
+    session, addr = sys.argv[1], int(sys.argv[2])
+    te = TransferEngine()
+    assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    junk = torch.full((64,), 0x3F, dtype=torch.uint8)
+    assert te.register_memory(junk.data_ptr(), 64) == 0
+    print(te.batch_transfer_sync_write(session, [junk.data_ptr()], [addr], [64]))
+    """
+)
+
+
+class _ForgedInBetween(WeightSync):
+    """A third process writes into the engine's landing region after the trainer's writes."""
+
+    def _write(self, targets, slots, tensors):
+        found = super()._write(targets, slots, tensors)
+        target = targets[0]
+        done = subprocess.run(
+            [sys.executable, "-c", FORGER, target.session_id, str(target.landing_addr)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.stdout.strip().endswith("0"), done.stderr[-2000:]  # the forged write landed
+        return found
+
+
+def test_a_write_from_a_third_process_is_caught_and_nothing_loads(job) -> None:
+    serving = _serving(job)
+    sync = _ForgedInBetween([job["synced"].url], settings(job["secret"]))
+    with pytest.raises(WeightSyncError, match="differ from what the trainer wrote"):
+        sync.sync(_weights(job), "forged-write")
+    sync.close()
+    assert _serving(job) == serving
+    assert "weight_sync.staging" not in host_memory.usage()
+
+
+TRAINER_DIES = textwrap.dedent(
+    """
+    import os, sys
+    from titan_weight_sync.hf_checkpoint import load_safetensors
+    from titan_weight_sync.settings import WeightSyncSettings
+    from titan_weight_sync.trainer_side import WeightSync
+
+    class Dies(WeightSync):
+        def _write(self, targets, slots, tensors):
+            self._staging_buffer()
+            write = self._engine.write
+            def write_once(*args):
+                write(*args)
+                os._exit(9)  # killed after the first piece landed
+            self._engine.write = write_once
+            return super()._write(targets, slots, tensors)
+
+    url, secret, checkpoint = sys.argv[1:4]
+    weights = load_safetensors(checkpoint)
+    settings = WeightSyncSettings(protocol="tcp", host="127.0.0.1", secret_file=secret,
+                                  staging_bytes=64 << 10)
+    Dies([url], settings).sync(weights, "never")
+    """
+)
+
+
+def test_a_trainer_killed_mid_sync_leaves_the_engine_serving(job) -> None:
+    serving = _serving(job)
+    checkpoint = str(_checkpoint(job))
+    done = subprocess.run(
+        [sys.executable, "-c", TRAINER_DIES, job["synced"].url, job["secret"], checkpoint],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 9, done.stderr[-3000:]
+    assert _serving(job) == serving
+    # the next trainer finds the engine as usual
+    sync = WeightSync([job["synced"].url], settings(job["secret"]))
+    sync.sync(_weights(job), "after-the-crash")
+    sync.close()
+    assert job["synced"].client.weight_version() == "after-the-crash"
+    assert job["synced"].client.generate(PROMPTS) == serving[1]  # the same weights again
+
+
+class _KillsTheEngine(WeightSync):
+    """The engine dies after the first piece of the writes."""
+
+    engine: CPUEngine
+
+    def _write(self, targets, slots, tensors):
+        self._staging_buffer()
+        write = self._engine.write
+
+        def write_then_kill(*args):
+            write(*args)
+            self.engine.stop()
+
+        self._engine.write = write_then_kill
+        return super()._write(targets, slots, tensors)
+
+
+def test_an_engine_killed_mid_sync_fails_the_sync_by_name_and_nothing_leaks(job) -> None:
+    sync = _KillsTheEngine([job["synced"].url], settings(job["secret"], staging_bytes=64 << 10))
+    sync.engine = job["synced"]
+    before = stats.snapshot().get("failed_syncs", 0)
+    with pytest.raises(WeightSyncError, match=f"writing to the engine at {job['synced'].url}"):
+        sync.sync(_weights(job), "engine-dies")
+    assert stats.snapshot()["failed_syncs"] == before + 1
+    assert sync._engine is not None and sync._engine.registered_regions() == 1  # the staging
+    sync.close()
+    assert sync._engine.registered_regions() == 0
+    assert "weight_sync.staging" not in host_memory.usage()

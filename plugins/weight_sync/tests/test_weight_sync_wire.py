@@ -1,0 +1,130 @@
+"""The messages and the secret: every check refuses what it must, by name (no SGLang needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from titan_weight_sync import layout, wire
+from titan_weight_sync.hf_checkpoint import save_safetensors
+
+from titan_plugins.transport import auth
+
+SECRET = bytes(range(32))
+OTHER = bytes(32)
+
+
+def test_a_hello_verifies_with_the_secret_only() -> None:
+    nonce = auth.nonce()
+    message = wire.decode(wire.hello_request(SECRET, nonce))
+    assert wire.read_hello(SECRET, message) == nonce
+    with pytest.raises(wire.BadMessage, match="not signed"):
+        wire.read_hello(OTHER, message)
+    message["trainer_nonce"] = auth.nonce()  # a changed nonce breaks the tag
+    with pytest.raises(wire.BadMessage, match="not signed"):
+        wire.read_hello(SECRET, message)
+
+
+def test_the_engine_reply_is_checked_by_the_trainer() -> None:
+    nonce = auth.nonce()
+    body = {
+        "session_id": "127.0.0.1:1",
+        "slots": [["a", "BF16", [2, 3], 0]],
+        "engine_nonce": "0" * 32,
+    }
+    text = wire.hello_reply(SECRET, nonce, body) + " Weight version updated to x."
+    assert wire.read_hello_reply(SECRET, nonce, text) == body
+    with pytest.raises(wire.BadMessage, match="not signed"):
+        wire.read_hello_reply(SECRET, auth.nonce(), text)  # a reply to another hello
+    with pytest.raises(wire.BadMessage, match="not ours"):
+        wire.read_hello_reply(SECRET, nonce, "Success")
+
+
+def test_a_commit_is_bound_to_the_engine_nonce_and_its_digests() -> None:
+    nonce = auth.nonce()
+    digests = [("a", "ab" * 32), ("b", "cd" * 32)]
+    message = wire.decode(wire.commit_request(SECRET, nonce, "7", digests))
+    assert wire.read_commit(SECRET, nonce, message) == ("7", digests)
+    with pytest.raises(wire.BadMessage, match="another exchange"):
+        wire.read_commit(SECRET, auth.nonce(), message)  # replayed after a new hello
+    forged = dict(message, digests=[["a", "ef" * 32], ["b", "cd" * 32]])
+    with pytest.raises(wire.BadMessage, match="not signed"):
+        wire.read_commit(SECRET, nonce, forged)
+    with pytest.raises(wire.BadMessage, match="not signed"):
+        wire.read_commit(OTHER, nonce, message)
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        (b"plain", "not a titan_weight_sync message"),
+        (wire.MAGIC + b"{not json", "malformed JSON"),
+        (wire.MAGIC + b'{"op": "drop"}', "unknown op"),
+        (wire.MAGIC + b" " * (wire.MAX_MESSAGE_BYTES + 1), "at most"),
+        ("text, not bytes", "not a titan_weight_sync message"),
+    ],
+)
+def test_malformed_payloads_are_refused_by_name(raw: object, why: str) -> None:
+    with pytest.raises(wire.BadMessage, match=why):
+        wire.decode(raw)
+
+
+@pytest.mark.parametrize(
+    "row",
+    [["x", "BF16", [2], -1], ["x", "Q4", [2], 0], ["", "BF16", [2], 0], ["x", "BF16", [1] * 9, 0]],
+)
+def test_a_bad_slot_row_is_refused(row: list) -> None:
+    with pytest.raises(wire.BadMessage, match="slots"):
+        wire.slots_field({"slots": [row]})
+
+
+def test_the_secret_file_must_be_private_and_well_formed(tmp_path) -> None:
+    path = tmp_path / "secret"
+    with pytest.raises(auth.SecretError, match="not set"):
+        auth.read_secret("", "TITAN_X")
+    with pytest.raises(auth.SecretError, match="cannot read"):
+        auth.read_secret(str(path), "TITAN_X")
+    value = auth.write_secret(str(path))
+    assert auth.read_secret(str(path), "TITAN_X") == value
+    os.chmod(path, 0o644)
+    with pytest.raises(auth.SecretError, match="chmod 600"):
+        auth.read_secret(str(path), "TITAN_X")
+    os.chmod(path, 0o600)
+    path.write_text("zz" * 32)
+    with pytest.raises(auth.SecretError, match="64 hex digits"):
+        auth.read_secret(str(path), "TITAN_X")
+
+
+def test_the_landing_table_is_the_checkpoints_and_views_round_trip(tmp_path) -> None:
+    weights = {
+        "b.weight": torch.randn(3, 5).to(torch.bfloat16),
+        "a.weight": torch.randn(7),
+        "c.bias": torch.arange(6, dtype=torch.int32).reshape(2, 3),
+    }
+    save_safetensors(weights, tmp_path / "model.safetensors")
+    slots = layout.checkpoint_table(str(tmp_path))
+    assert [(s.name, s.dtype, s.shape) for s in slots] == [
+        ("a.weight", "F32", (7,)),
+        ("b.weight", "BF16", (3, 5)),
+        ("c.bias", "I32", (2, 3)),
+    ]
+    assert all(s.offset % layout.ALIGN == 0 for s in slots)
+    region = torch.zeros(layout.region_bytes(slots), dtype=torch.uint8)
+    for slot in slots:
+        layout.view(region, slot).copy_(weights[slot.name])
+    for slot in slots:
+        assert torch.equal(layout.view(region, slot), weights[slot.name])
+
+
+def test_a_checkpoint_header_is_bounded(tmp_path) -> None:
+    (tmp_path / "model.safetensors").write_bytes((1 << 40).to_bytes(8, "little") + b"{}")
+    with pytest.raises(ValueError, match="header of"):
+        layout.checkpoint_table(str(tmp_path))
+    with pytest.raises(ValueError, match="not a local directory"):
+        layout.checkpoint_table(str(tmp_path / "absent"))
+    header = json.dumps({"x": {"dtype": "Q4", "shape": [1], "data_offsets": [0, 1]}}).encode()
+    (tmp_path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(ValueError, match="dtype 'Q4'"):
+        layout.checkpoint_table(str(tmp_path))

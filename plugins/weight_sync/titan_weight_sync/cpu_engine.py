@@ -1,0 +1,152 @@
+"""Start and drive a CPU SGLang engine (``sglang.launch_server``) in the SGLang venv, for the
+tests, the benchmark and a first try on a laptop: the arguments and environment a CPU engine
+needs (shared/research/rl_rollout.md §1.3), its HTTP calls, and its log.
+
+The engine runs in its own interpreter (``TITAN_SGLANG_PYTHON``, default ``.venv-sglang`` of the
+repository, made by ``scripts/sglang_env.sh``); the trainer side stays in the Megatron venv.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from titan_weight_sync.engine_api import EngineAPI
+from titan_weight_sync.errors import WeightSyncError
+from titan_weight_sync.settings import SGLANG_PYTHON
+
+REPO = Path(__file__).resolve().parents[3]
+CPU_ARGS = (
+    "--device", "cpu", "--dtype", "bfloat16", "--attention-backend", "torch_native",
+    "--sampling-backend", "pytorch", "--disable-cuda-graph", "--max-total-tokens", "2048",
+    "--mem-fraction-static", "0.05", "--skip-tokenizer-init", "--random-seed", "0",
+    "--log-level", "info",
+)  # fmt: skip
+
+
+def sglang_python() -> str | None:
+    """The interpreter of the SGLang venv, or None when there is none."""
+    found = SGLANG_PYTHON.read() or str(REPO / ".venv-sglang" / "bin" / "python")
+    return found if os.access(found, os.X_OK) else None
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class CPUEngine:
+    """One ``sglang.launch_server`` process serving ``model_dir`` on 127.0.0.1.
+
+    :param env: extra environment (the weight_sync knobs: ``TITAN_WEIGHT_SYNC_SECRET_FILE``...).
+    :param log: where its output goes.
+    """
+
+    def __init__(self, model_dir: str | Path, log: str | Path, env: dict[str, str] | None = None):
+        python = sglang_python()
+        if python is None:
+            raise WeightSyncError(
+                "no SGLang venv: run ./scripts/sglang_env.sh (or set TITAN_SGLANG_PYTHON)"
+            )
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = Path(log)
+        full_env = {
+            **os.environ,
+            "SGLANG_USE_CPU_ENGINE": "1",
+            "TITAN_WEIGHT_SYNC_PROTOCOL": "tcp",
+            "OMP_NUM_THREADS": "1",
+            **(env or {}),
+        }
+        full_env.pop("TITAN_PLUGINS_AUTOLOAD", None)  # the engine loads plugins as users' do
+        with open(self.log, "wb") as out:
+            self.process = subprocess.Popen(
+                [python, "-m", "sglang.launch_server", "--model-path", str(model_dir),
+                 "--host", "127.0.0.1", "--port", str(self.port), *CPU_ARGS],
+                stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True,
+            )  # fmt: skip
+        self.api = EngineAPI(self.url, timeout_s=120.0)
+        self.client = EngineClient(self.url)
+
+    def wait_ready(self, timeout_s: float = 300.0) -> CPUEngine:
+        """Block until the engine answers; raises with its log's tail when it died or hung."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise WeightSyncError(
+                    f"the engine exited ({self.process.returncode}):\n{self.tail()}"
+                )
+            try:
+                if "weight_version" in self.api.call("/model_info", get=True):
+                    return self
+            except WeightSyncError:
+                pass
+            time.sleep(1.0)
+        raise WeightSyncError(f"the engine did not start in {timeout_s:.0f} s:\n{self.tail()}")
+
+    def tail(self, lines: int = 40) -> str:
+        """The last lines of its log."""
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        """Stop the engine and its subprocesses."""
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, 9)
+            except ProcessLookupError:
+                pass
+            self.process.wait(timeout=30)
+
+
+class EngineClient:
+    """What tests and the benchmark ask an engine over HTTP (any process may hold one)."""
+
+    def __init__(self, url: str, timeout_s: float = 120.0) -> None:
+        self.url = url
+        self.api = EngineAPI(url, timeout_s)
+
+    def generate(self, prompts: list[list[int]], new_tokens: int = 8) -> list[dict[str, Any]]:
+        """Greedy generation with logprobs: ``[{"tokens": [...], "logprobs": [...]}]``."""
+        answer = self.api.call(
+            "/generate",
+            {
+                "input_ids": prompts,
+                "sampling_params": {
+                    "max_new_tokens": new_tokens,
+                    "temperature": 0.0,
+                    "ignore_eos": True,
+                },
+                "return_logprob": True,
+            },
+        )
+        rows = answer.get("result", answer)
+        if not isinstance(rows, list):
+            raise WeightSyncError(f"generate failed: {answer}")
+        return [
+            {
+                "tokens": row["output_ids"],
+                "logprobs": [entry[0] for entry in row["meta_info"]["output_token_logprobs"]],
+            }
+            for row in rows
+        ]
+
+    def weight_version(self) -> str:
+        """The engine's weight version now."""
+        return str(self.api.call("/model_info", get=True).get("weight_version"))
+
+    def load_from_disk(self, model_dir: str | Path, version: str) -> None:
+        """SGLang's own ``update_weights_from_disk``, inside its session (the reference path)."""
+        self.api.require("/begin_weight_update")
+        self.api.require(
+            "/update_weights_from_disk", {"model_path": str(model_dir), "weight_version": version}
+        )
+        self.api.require("/end_weight_update")

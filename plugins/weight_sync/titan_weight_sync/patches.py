@@ -1,0 +1,62 @@
+"""weight_sync's patch records: where it meets SGLang and Megatron.
+
+Never import SGLang or Megatron at module level: the engine calls a replacement factory right
+after its target module has executed.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from titan_plugins.hosts.sglang import sglang_releases
+from titan_plugins.patching import Patch, Signature
+
+UPDATER = "sglang.srt.managers.scheduler_components.weight_updater"
+LOAD_FORMAT = "titan_weight_sync"
+"""The ``load_format`` of SGLang's ``update_weights_from_tensor`` requests that carry this
+plugin's messages (:mod:`titan_weight_sync.wire`)."""
+
+
+def _serve_titan_format(original: Callable[..., Any]) -> Callable[..., Any]:
+    """SGLang's ``update_weights_from_tensor`` on the scheduler, answering requests whose
+    ``load_format`` is ``titan_weight_sync`` (every other request runs SGLang's own code)."""
+
+    @functools.wraps(original)
+    def update_weights_from_tensor(self: Any, recv_req: Any) -> Any:
+        if getattr(recv_req, "load_format", None) != LOAD_FORMAT:
+            return original(self, recv_req)
+        from titan_weight_sync.engine_hooks import serve
+
+        return serve(self, recv_req)
+
+    return update_weights_from_tensor
+
+
+def patches() -> list[Patch]:
+    """New records for one activation (the engine keeps each record's status)."""
+    return [
+        Patch(
+            id="weight_sync.engine_endpoint",
+            target=f"{UPDATER}:SchedulerWeightUpdaterManager.update_weights_from_tensor",
+            replace=_serve_titan_format,
+            requires=(sglang_releases("0.5.23"),),
+            signature=Signature(
+                positional=("self", "recv_req"),
+                attrs=(
+                    "SchedulerWeightUpdaterManager._select_runners",
+                    "SchedulerWeightUpdaterManager._observe_weight_load",
+                    "SchedulerWeightUpdaterManager.record_weight_version_after_update",
+                    "SchedulerWeightUpdaterManager.flush_cache_after_weight_update",
+                    "SchedulerWeightUpdaterManager.begin_weight_update",
+                ),
+                contains=("self._session is None",),
+            ),
+            rationale="answer weight_sync's hello / commit on the scheduler's event loop and "
+            "load verified landed weights through SGLang's own loader, inside its session",
+            upstream="sglang/srt/managers/scheduler_components/weight_updater.py "
+            "SchedulerWeightUpdaterManager.update_weights_from_tensor (0.5.23)",
+            remove_when="SGLang offers an authenticated one-sided update endpoint of its own",
+        )
+    ]
