@@ -23,6 +23,9 @@ if [ -z "$PY" ]; then
   exit 2
 fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# pip's isolated build environments break with the stubs' sys.path lines: out while pip runs
+rm -f "$site/zz_titan_sglang_cpu_stubs.pth"
 log=$VENV/bootstrap.log
 echo "sglang_env: installing SGLang 0.5.23 (CPU), the core and weight_sync into $VENV ($log)" >&2
 if ! {
@@ -34,7 +37,6 @@ if ! {
   echo "sglang_env: pip failed (full log: $log)" >&2
   exit 1
 fi
-site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 stubs=$(pwd)/tests/sglang_env
 # transformers reads torchvision's version from its metadata: give the stub one
 mkdir -p "$stubs/dist"

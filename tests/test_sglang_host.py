@@ -72,3 +72,20 @@ def test_the_list_names_the_installed_sglang() -> None:
     described = sglang.describe()
     assert f"  sglang: {described['summary']}" in done.stdout
     assert described["process"]["role"] is None  # not an SGLang process
+
+
+def test_a_patch_for_an_absent_host_neither_fails_strict_nor_marks_the_plugin_inactive() -> None:
+    # a trainer's venv has no SGLang: weight_sync's engine-side patch is skipped there, and the
+    # plugin (whose trainer side is an API) is still listed as enabled
+    done = subprocess.run(
+        [sys.executable, "-m", "titan_plugins.cli", "list", "--import-targets"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "TITAN_PLUGINS_STRICT": "1"},
+    )  # fmt: skip
+    if sglang.describe()["version"] is not None:
+        pytest.skip("SGLang is installed in this venv: the host is present")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "- weight_sync  [titan-weight-sync" in done.stdout
+    line = next(x for x in done.stdout.splitlines() if x.startswith("- weight_sync"))
+    assert line.endswith("enabled"), line
+    assert "weight_sync.engine_endpoint" in done.stdout and ": skipped" in done.stdout

@@ -50,12 +50,23 @@ def collect(state: activation.Activation | None = None) -> dict[str, Any]:
 def _mark_inactive(entry: dict[str, Any]) -> None:
     """An enabled plugin none of whose patches could apply (e.g. an unsupported Megatron) is
     shown as inactive, with the first reason, rather than "enabled"."""
-    patches = entry["patches"]
+    # a patch for a host that is not installed here (weight_sync's SGLang side in a trainer)
+    # says nothing about whether the plugin works in this process
+    patches = [p for p in entry["patches"] if not _host_absent(p["target"])]
     if entry["state"] != ENABLED or not patches:
         return
     if all(p["status"] in (SKIPPED, FAILED, OTHER_LINE) for p in patches):
         entry["state"] = "inactive"
         entry["reason"] = f"no patch applies: {patches[0]['detail']}"
+
+
+def _host_absent(target: str) -> bool:
+    """Whether ``target`` (``module:attr``) belongs to a host whose package is not installed."""
+    top = target.split(":", 1)[0].split(".", 1)[0]
+    for host in HOSTS.values():
+        if host.PACKAGE.split(".", 1)[0] == top:
+            return origin.package_dir(host.PACKAGE) is None
+    return False
 
 
 def megatron_origin() -> dict[str, Any]:

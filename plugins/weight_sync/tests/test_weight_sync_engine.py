@@ -237,7 +237,7 @@ def _weights(job) -> dict[str, torch.Tensor]:
     return load_safetensors(_checkpoint(job))
 
 
-def test_bad_input_is_refused_by_name_before_a_byte_moves(job) -> None:
+def test_bad_input_is_refused_by_name_before_a_byte_moves(job, monkeypatch) -> None:
     serving = _serving(job)
     weights = _weights(job)
     sync = WeightSync([job["synced"].url], settings(job["secret"]))
@@ -253,10 +253,13 @@ def test_bad_input_is_refused_by_name_before_a_byte_moves(job) -> None:
         change(broken)
         with pytest.raises(WeightSyncError, match=message):
             sync.sync(broken, f"bad-{what}")
-    small = WeightSync([job["synced"].url], settings(job["secret"], staging_bytes=4096))
-    with pytest.raises(WeightSyncError, match="TITAN_WEIGHT_SYNC_STAGING_BYTES"):
+    # the staging budget: refused by the host-memory ledger, naming both knobs
+    monkeypatch.setenv("TITAN_PLUGINS_MAX_HOST_BYTES", "1MiB")
+    small = WeightSync([job["synced"].url], settings(job["secret"], staging_bytes=64 << 20))
+    with pytest.raises(WeightSyncError, match="TITAN_WEIGHT_SYNC_STAGING_BYTES.*TITAN_PLUGINS_MAX"):
         small.sync(weights, "bad-staging")
     small.close()
+    monkeypatch.delenv("TITAN_PLUGINS_MAX_HOST_BYTES")
     sync.close()
     assert "weight_sync.staging" not in host_memory.usage()
     assert _serving(job) == serving

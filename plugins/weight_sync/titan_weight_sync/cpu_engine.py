@@ -24,7 +24,7 @@ CPU_ARGS = (
     "--device", "cpu", "--dtype", "bfloat16", "--attention-backend", "torch_native",
     "--sampling-backend", "pytorch", "--disable-cuda-graph", "--max-total-tokens", "2048",
     "--mem-fraction-static", "0.05", "--skip-tokenizer-init", "--random-seed", "0",
-    "--log-level", "info",
+    "--log-level", "info", "--sleep-on-idle",
 )  # fmt: skip
 
 
@@ -46,9 +46,17 @@ class CPUEngine:
 
     :param env: extra environment (the weight_sync knobs: ``TITAN_WEIGHT_SYNC_SECRET_FILE``...).
     :param log: where its output goes.
+    :param args: more server arguments; they win over the CPU defaults (e.g.
+        ``("--mem-fraction-static", "0.2")`` for a model of a GB or more).
     """
 
-    def __init__(self, model_dir: str | Path, log: str | Path, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        log: str | Path,
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+    ):
         python = sglang_python()
         if python is None:
             raise WeightSyncError(
@@ -68,7 +76,7 @@ class CPUEngine:
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(
                 [python, "-m", "sglang.launch_server", "--model-path", str(model_dir),
-                 "--host", "127.0.0.1", "--port", str(self.port), *CPU_ARGS],
+                 "--host", "127.0.0.1", "--port", str(self.port), *CPU_ARGS, *args],
                 stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True,
             )  # fmt: skip
         self.api = EngineAPI(self.url, timeout_s=120.0)

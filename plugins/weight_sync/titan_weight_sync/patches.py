@@ -42,6 +42,8 @@ def patches() -> list[Patch]:
             target=f"{UPDATER}:SchedulerWeightUpdaterManager.update_weights_from_tensor",
             replace=_serve_titan_format,
             requires=(sglang_releases("0.5.23"),),
+            # a trainer's environment has no SGLang: the engine side is not for it
+            optional=True,
             signature=Signature(
                 positional=("self", "recv_req"),
                 attrs=(

@@ -47,9 +47,9 @@ STAGING_BYTES = Setting(
     "TITAN_WEIGHT_SYNC_STAGING_BYTES",
     BYTES,
     256 << 20,
-    "the trainer's registered staging buffer (host memory, reserved in the core's ledger): "
-    "weights are packed and written in pieces of at most this size; a tensor larger than it "
-    "cannot be sent",
+    "the trainer's registered staging buffer (host memory, reserved in the core's ledger), "
+    "used as two halves: one is written while the next piece is packed into the other; a "
+    "tensor larger than a half goes in ranges",
     minimum=1 << 16,
 )
 TIMEOUT_S = Setting(

@@ -33,10 +33,10 @@ from titan_plugins import host_memory
 from titan_plugins.transport import auth
 from titan_plugins.transport.mooncake import MooncakeEngine
 from titan_weight_sync import layout, stats, wire
-from titan_weight_sync.digests import sha256_all
 from titan_weight_sync.engine_api import EngineAPI
 from titan_weight_sync.errors import WeightSyncError
 from titan_weight_sync.settings import SECRET_FILE, STAGING_BYTES, WeightSyncSettings
+from titan_weight_sync.streaming import StreamingWriter
 
 logger = logging.getLogger("titan_plugins.weight_sync")
 OWNER = "weight_sync.staging"
@@ -82,6 +82,7 @@ class WeightSync:
         self._engine: MooncakeEngine | None = None
         self._staging: torch.Tensor | None = None
         self._reservation: host_memory.Reservation | None = None
+        self._writer: StreamingWriter | None = None
 
     # ------------------------------------------------------------ resources
     def _staging_buffer(self) -> torch.Tensor:
@@ -108,10 +109,14 @@ class WeightSync:
                 reservation.close()
                 raise
             self._engine, self._staging, self._reservation = engine, staging, reservation
+            self._writer = StreamingWriter(staging)
         return self._staging
 
     def close(self) -> None:
         """Give back the staging buffer (unregistered, and released in the ledger)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
         if self._engine is not None and self._staging is not None:
             self._engine.unregister(self._staging)
         self._staging = None
@@ -221,47 +226,27 @@ class WeightSync:
     def _write(
         self, targets: list[_Target], slots: list[layout.Slot], tensors: list[torch.Tensor]
     ) -> tuple[list[tuple[str, str]], int]:
-        """Pack and write every tensor into every engine; the SHA-256 of each as sent."""
-        staging = self._staging_buffer()
-        assert self._engine is not None
-        capacity = staging.numel()
-        digests: list[tuple[str, str]] = []
-        written = 0
-        index = 0
-        while index < len(slots):
-            piece: list[tuple[layout.Slot, int]] = []  # (slot, offset in staging)
-            used = 0
-            while index < len(slots):
-                slot = slots[index]
-                if slot.nbytes > capacity:
-                    raise WeightSyncError(
-                        f"weight_sync: {slot.name} needs {slot.nbytes} bytes, more than the "
-                        f"staging buffer ({STAGING_BYTES.name}={capacity}); raise it"
-                    )
-                if used + slot.nbytes > capacity:
-                    break
-                with torch.no_grad():
-                    _staged(staging, slot, used).copy_(tensors[index].detach())
-                piece.append((slot, used))
-                used += -(-slot.nbytes // layout.ALIGN) * layout.ALIGN
-                index += 1
-            staged = [_staged(staging, s, offset) for s, offset in piece]
-            digests.extend((s.name, d) for (s, _), d in zip(piece, sha256_all(staged)))
-            base = staging.data_ptr()
+        """Stream every tensor into every engine; the SHA-256 of each as sent."""
+        self._staging_buffer()
+        engine, writer = self._engine, self._writer
+        assert engine is not None and writer is not None
+
+        def write(local: list[int], offsets: list[int], lengths: list[int]) -> None:
             for target in targets:
                 try:
-                    self._engine.write(
+                    engine.write(
                         target.session_id,
-                        [base + offset for _, offset in piece],
-                        [target.landing_addr + s.offset for s, _ in piece],
-                        [s.nbytes for s, _ in piece],
+                        local,
+                        [target.landing_addr + offset for offset in offsets],
+                        lengths,
                     )
                 except WeightSyncError as err:
                     raise WeightSyncError(
                         f"weight_sync: writing to the engine at {target.api.url} failed: {err}"
                     ) from None
-                written += sum(s.nbytes for s, _ in piece)
-        return digests, written
+
+        digests = writer.run(slots, tensors, write)
+        return digests, sum(slot.nbytes for slot in slots) * len(targets)
 
     def _commit(
         self, secret: bytes, target: _Target, version: str, digests: list[tuple[str, str]]
@@ -303,8 +288,3 @@ class WeightSync:
                     step()
                 except WeightSyncError as err:
                     logger.warning("weight_sync: leaving %s serving: %s", target.api.url, err)
-
-
-def _staged(staging: torch.Tensor, slot: layout.Slot, offset: int) -> torch.Tensor:
-    """``slot``'s tensor at ``offset`` of the staging buffer."""
-    return layout.view(staging, layout.Slot(slot.name, slot.dtype, slot.shape, offset))

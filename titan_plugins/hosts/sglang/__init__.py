@@ -81,5 +81,5 @@ def describe() -> dict[str, Any]:
         version = None
     role = PROCESS["role"]
     where = f"; this process: sglang {role} (pid {PROCESS['pid']})" if role else ""
-    summary = f"sglang {version}{where}" if version else "sglang: not installed"
+    summary = f"sglang {version}{where}" if version else "not installed"
     return {"version": version, "process": dict(PROCESS), "summary": summary}
