@@ -221,6 +221,17 @@ def test_a_tp2_trainer_syncs_the_same_way(job, gloo_pool2) -> None:
     job["last"] = record
 
 
+def test_one_sync_feeds_two_engines(job) -> None:
+    engines = [job["synced"], job["reference"]]
+    sync = WeightSync([e.url for e in engines], settings(job["secret"], staging_bytes=64 << 10))
+    result = sync.sync(_weights(job), "both")
+    sync.close()
+    assert result.engines == 2 and result.bytes_written == 2 * job["last"]["bytes"]
+    assert [e.client.weight_version() for e in engines] == ["both", "both"]
+    first, second = (e.client.generate(PROMPTS) for e in engines)
+    assert first == second
+
+
 # ---------------------------------------------------------------- faults
 def _serving(job) -> tuple[str, list]:
     client = job["synced"].client

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -152,8 +153,7 @@ class WeightSync:
             digests, written = self._write(targets, slots, tensors)
             seconds["write_s"] = time.perf_counter() - mark
             mark = time.perf_counter()
-            for target in targets:
-                self._commit(secret, target, version, digests)
+            _each(targets, lambda target: self._commit(secret, target, version, digests))
             seconds["commit_s"] = time.perf_counter() - mark
         except BaseException:
             self._leave_serving(secret, targets)
@@ -231,19 +231,21 @@ class WeightSync:
         engine, writer = self._engine, self._writer
         assert engine is not None and writer is not None
 
+        def write_one(target: _Target, local: list[int], offsets: list[int], lengths: list[int]):
+            try:
+                engine.write(
+                    target.session_id,
+                    local,
+                    [target.landing_addr + offset for offset in offsets],
+                    lengths,
+                )
+            except WeightSyncError as err:
+                raise WeightSyncError(
+                    f"weight_sync: writing to the engine at {target.api.url} failed: {err}"
+                ) from None
+
         def write(local: list[int], offsets: list[int], lengths: list[int]) -> None:
-            for target in targets:
-                try:
-                    engine.write(
-                        target.session_id,
-                        local,
-                        [target.landing_addr + offset for offset in offsets],
-                        lengths,
-                    )
-                except WeightSyncError as err:
-                    raise WeightSyncError(
-                        f"weight_sync: writing to the engine at {target.api.url} failed: {err}"
-                    ) from None
+            _each(targets, lambda target: write_one(target, local, offsets, lengths))
 
         digests = writer.run(slots, tensors, write)
         return digests, sum(slot.nbytes for slot in slots) * len(targets)
@@ -288,3 +290,16 @@ class WeightSync:
                     step()
                 except WeightSyncError as err:
                     logger.warning("weight_sync: leaving %s serving: %s", target.api.url, err)
+
+
+def _each(targets: list[_Target], step: Callable[[_Target], None]) -> None:
+    """``step`` for every engine at once (engines are separate machines: one engine's load or
+    write must not wait for another's); the first error is raised after all have finished."""
+    if len(targets) == 1:
+        step(targets[0])
+        return
+    with ThreadPoolExecutor(len(targets), thread_name_prefix="titan-weight-sync-engine") as pool:
+        futures = [pool.submit(step, target) for target in targets]
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:
+        raise errors[0]
