@@ -102,7 +102,11 @@ def test_plugins_load_and_every_patch_is_applied_or_skipped_with_a_reason(report
             # a variant written for a later line (e.g. 0.19's GTP linears) is left out by design;
             # the bundle is judged as the 0.16 line it is a pre-release of
             assert LATER_LINES.fullmatch(patch["detail"]), patch
-        if patch["status"] == SKIPPED:
+        if patch["status"] == SKIPPED and patch["target"].startswith("sglang."):
+            # miles-rl bundles an SGLang tree too; without SGLang's own dependencies (this venv
+            # installs Megatron's only) it does not import, which the skip says
+            assert patch["detail"].startswith(("import sglang", "version gate:")), patch
+        elif patch["status"] == SKIPPED:
             assert patch["detail"].startswith(("signature:", "version gate:")), patch
         if patch["status"] == SKIPPED and patch["detail"].startswith("version gate:"):
             # 0.16.0rc0 is a pre-release of the supported line: only a signature can admit it

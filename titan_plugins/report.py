@@ -50,9 +50,9 @@ def collect(state: activation.Activation | None = None) -> dict[str, Any]:
 def _mark_inactive(entry: dict[str, Any]) -> None:
     """An enabled plugin none of whose patches could apply (e.g. an unsupported Megatron) is
     shown as inactive, with the first reason, rather than "enabled"."""
-    # a patch for a host that is not installed here (weight_sync's SGLang side in a trainer)
-    # says nothing about whether the plugin works in this process
-    patches = [p for p in entry["patches"] if not _host_absent(p["target"])]
+    # a patch for a host this process does not run (weight_sync's SGLang side in a trainer,
+    # even where SGLang is installed or bundled) says nothing about whether the plugin works here
+    patches = [p for p in entry["patches"] if not _other_host(p["target"])]
     if entry["state"] != ENABLED or not patches:
         return
     if all(p["status"] in (SKIPPED, FAILED, OTHER_LINE) for p in patches):
@@ -60,12 +60,12 @@ def _mark_inactive(entry: dict[str, Any]) -> None:
         entry["reason"] = f"no patch applies: {patches[0]['detail']}"
 
 
-def _host_absent(target: str) -> bool:
-    """Whether ``target`` (``module:attr``) belongs to a host whose package is not installed."""
+def _other_host(target: str) -> bool:
+    """Whether ``target`` (``module:attr``) belongs to a host this process does not run."""
     top = target.split(":", 1)[0].split(".", 1)[0]
     for host in HOSTS.values():
         if host.PACKAGE.split(".", 1)[0] == top:
-            return origin.package_dir(host.PACKAGE) is None
+            return not host.here()
     return False
 
 

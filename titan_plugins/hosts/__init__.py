@@ -12,8 +12,10 @@ The host-neutral core reaches a host only through :data:`HOSTS` (checked in
   from: the data file's key -> the folder of a host checkout holding them);
 - ``core_patches()`` (the core's own patch records for the host), ``bind(manager_of)`` (how the room
   finds the active manager: handed over by activation, so the room never imports it back),
-  ``reset()`` (a new activation starts counting again) and ``describe()`` (what the report says
-  of the host beyond the Megatron origin: its version, which of its processes this is).
+  ``reset()`` (a new activation starts counting again), ``describe()`` (what the report says
+  of the host beyond the Megatron origin: its version, which of its processes this is) and
+  ``here()`` (whether this process runs the host: only such hosts' patches decide whether a
+  plugin is inactive here).
 
 A room imports the core's leaf modules (records, signatures, settings), never ``activation``,
 ``manager`` or ``builtin``: the core's import graph has no cycle.

@@ -55,6 +55,7 @@ __all__ = [
     "bind",
     "core_patches",
     "describe",
+    "here",
     "megatron_lines",
     "reset",
 ]
@@ -81,3 +82,14 @@ def reset() -> None:
 def describe() -> dict[str, Any]:
     """Nothing beyond the report's own ``megatron`` entry (where megatron.core comes from)."""
     return {}
+
+
+def here() -> bool:
+    """Whether this process can run Megatron: ``megatron.core`` is importable (looked up, not
+    imported; the namespace parent ``megatron`` may be)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(PACKAGE) is not None
+    except (ImportError, ValueError):
+        return False

@@ -50,6 +50,7 @@ __all__ = [
     "bind",
     "core_patches",
     "describe",
+    "here",
     "reset",
     "sglang_releases",
 ]
@@ -83,3 +84,11 @@ def describe() -> dict[str, Any]:
     where = f"; this process: sglang {role} (pid {PROCESS['pid']})" if role else ""
     summary = f"sglang {version}{where}" if version else "not installed"
     return {"version": version, "process": dict(PROCESS), "summary": summary}
+
+
+def here() -> bool:
+    """Whether this process is an SGLang process (SGLang's plugin loader called the entry point
+    here); a trainer that merely has SGLang installed, or bundled (miles-rl), is not."""
+    from titan_plugins.hosts.sglang.process import PROCESS
+
+    return PROCESS["role"] is not None
