@@ -55,27 +55,34 @@ def settings(secret_file: str, **overrides) -> WeightSyncSettings:
 
 
 # ---------------------------------------------------------------- trainer tasks (gloo workers)
-def initial_checkpoint_task(out_dir: str) -> dict:
+def initial_checkpoint_task(out_dir: str, prefix: str = "", moe: bool = False) -> dict:
     """The engines' starting checkpoint: the trainer's initial weights (and, for the conversion
     check, megatron's own fp32 logits with an fp32 copy of the checkpoint)."""
     tiny_gpt.init_parallel()
-    cfg = tiny_llama.make_config()
+    cfg = tiny_llama.make_config(num_moe_experts=4 if moe else None)
     chunks = tiny_llama.build(cfg)
     weights = gather_hf_weights(chunks, cfg)
-    save_checkpoint(weights, tiny_llama.hf_config(cfg), f"{out_dir}/ckpt0", torch.bfloat16)
-    save_checkpoint(weights, tiny_llama.hf_config(cfg), f"{out_dir}/ckpt0_f32", torch.float32)
+    config = tiny_llama.hf_config(cfg)
+    save_checkpoint(weights, config, f"{out_dir}/{prefix}ckpt0", torch.bfloat16)
+    save_checkpoint(weights, config, f"{out_dir}/{prefix}ckpt0_f32", torch.float32)
     ids = torch.tensor(PROMPTS[2:])
-    torch.save(tiny_llama.logits(chunks, ids), f"{out_dir}/ckpt0_megatron_logits.pt")
+    torch.save(tiny_llama.logits(chunks, ids), f"{out_dir}/{prefix}ckpt0_megatron_logits.pt")
     return {"tensors": len(weights)}
 
 
 def train_and_sync_task(
-    layout: dict, out_dir: str, secret_file: str, synced: str, reference: str, updates: list[str]
+    layout: dict,
+    out_dir: str,
+    secret_file: str,
+    synced: str,
+    reference: str,
+    updates: list[str],
+    moe: bool = False,
 ) -> list[dict]:
     """Train two steps per update, gather, sync into ``synced`` and load the saved checkpoint into
     ``reference`` from disk; each update's generations from both engines (rank 0)."""
     tiny_gpt.init_parallel(**layout)
-    cfg = tiny_llama.make_config()
+    cfg = tiny_llama.make_config(num_moe_experts=4 if moe else None)
     chunks = tiny_llama.build(cfg)
     optimizer = tiny_gpt.make_optimizer(chunks, cfg, lr=3e-3)
     sync = WeightSync([synced], settings(secret_file, staging_bytes=64 << 10))
@@ -133,14 +140,14 @@ HF_REFERENCE = textwrap.dedent(
 )
 
 
-def hf_reference(out_dir: Path, checkpoints: list[str]) -> dict:
+def hf_reference(out_dir: Path, checkpoints: list[str], prefix: str = "") -> dict:
     """Greedy tokens of Hugging Face transformers for each checkpoint, and the largest
     difference between its fp32 logits and megatron's on the initial weights."""
     job = {
         "checkpoints": checkpoints,
         "prompts": PROMPTS,
-        "f32": str(out_dir / "ckpt0_f32"),
-        "megatron_logits": str(out_dir / "ckpt0_megatron_logits.pt"),
+        "f32": str(out_dir / f"{prefix}ckpt0_f32"),
+        "megatron_logits": str(out_dir / f"{prefix}ckpt0_megatron_logits.pt"),
         "logits_prompts": PROMPTS[2:],
     }
     done = subprocess.run(
@@ -230,6 +237,45 @@ def test_one_sync_feeds_two_engines(job) -> None:
     assert [e.client.weight_version() for e in engines] == ["both", "both"]
     first, second = (e.client.generate(PROMPTS) for e in engines)
     assert first == second
+
+
+@pytest.fixture(scope="module")
+def moe_job(job, gloo_pool1):
+    """Two engines serving the Mixtral-style checkpoint of the tiny MoE GPT (its initial
+    weights); the secret is the dense job's."""
+    out = job["dir"]
+    gloo_pool1.run(initial_checkpoint_task, str(out), "moe_", True)
+    env = {"TITAN_WEIGHT_SYNC_SECRET_FILE": job["secret"]}
+    engines = [CPUEngine(out / "moe_ckpt0", out / f"moe_{n}.log", env) for n in ("synced", "ref")]
+    try:
+        for engine in engines:
+            engine.wait_ready()
+        yield {"synced": engines[0], "reference": engines[1]}
+    finally:
+        for engine in engines:
+            engine.stop()
+
+
+def test_a_moe_model_from_an_ep2_trainer_matches_a_disk_loaded_engine_and_transformers(
+    job, moe_job, gloo_pool2
+) -> None:
+    synced, reference = moe_job["synced"], moe_job["reference"]
+    before = synced.client.generate(PROMPTS)
+    records, rest = gloo_pool2.run(
+        train_and_sync_task, {"ep": 2}, str(job["dir"]), job["secret"], synced.url,
+        reference.url, ["moe-1", "moe-2"], True,
+    )  # fmt: skip
+    assert rest == []
+    assert [r["synced_version"] for r in records] == ["moe-1", "moe-2"]
+    assert records[0]["synced"] != before
+    for record in records:
+        assert record["synced"] == record["reference"], record["version"]
+    hf = hf_reference(job["dir"], [r["checkpoint"] for r in records], prefix="moe_")
+    for record in records:
+        tokens = [row["tokens"] for row in record["synced"]]
+        assert tokens == hf["greedy"][record["checkpoint"]], record["version"]
+    # megatron's MoE forward (router top-2, experts) equals Mixtral's on the converted weights
+    assert hf["logits_max_diff"] < 1e-5 * max(1.0, hf["logits_scale"]), hf
 
 
 # ---------------------------------------------------------------- faults

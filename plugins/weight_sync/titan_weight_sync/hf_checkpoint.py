@@ -69,9 +69,19 @@ def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
 def llama_config(cfg: Any, vocab_size: int, max_positions: int, rope_theta: float) -> dict:
     """The ``config.json`` of the Llama-style model a Megatron ``TransformerConfig`` describes
     (RMSNorm, SwiGLU, rotary embeddings, untied output layer); Qwen2's when the attention has
-    a qkv bias."""
+    a qkv bias, Mixtral's for a MoE model."""
     heads = cfg.num_attention_heads
     qwen2 = bool(getattr(cfg, "add_qkv_bias", False))
+    moe = {}
+    if cfg.num_moe_experts:
+        moe = {
+            "architectures": ["MixtralForCausalLM"],
+            "model_type": "mixtral",
+            "num_local_experts": cfg.num_moe_experts,
+            "num_experts_per_tok": cfg.moe_router_topk,
+            "intermediate_size": cfg.moe_ffn_hidden_size or cfg.ffn_hidden_size,
+            "router_aux_loss_coef": cfg.moe_aux_loss_coeff,
+        }
     return {
         "architectures": ["Qwen2ForCausalLM" if qwen2 else "LlamaForCausalLM"],
         "model_type": "qwen2" if qwen2 else "llama",
@@ -92,7 +102,7 @@ def llama_config(cfg: Any, vocab_size: int, max_positions: int, rope_theta: floa
         "torch_dtype": "bfloat16",
         "bos_token_id": 1,
         "eos_token_id": 2,
-    }
+    } | moe
 
 
 def save_checkpoint(

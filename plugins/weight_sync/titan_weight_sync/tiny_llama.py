@@ -13,7 +13,8 @@ MAX_POSITIONS = 256
 
 
 def make_config(**overrides: Any) -> Any:
-    """The ``TransformerConfig`` for the current parallel layout (``tiny_gpt.init_parallel``)."""
+    """The ``TransformerConfig`` for the current parallel layout (``tiny_gpt.init_parallel``):
+    dense unless ``num_moe_experts=4`` (then Mixtral-style: 4 experts, top-2, alltoall)."""
     import torch.nn.functional as F
 
     from titan_plugins.hosts.megatron.testing import tiny_gpt
