@@ -1,11 +1,14 @@
 """The SGLang releases the SGLang host serves, and their version gates.
 
-Standard library only and importing nothing of the core (the gate machinery reads these through
+Standard library only, importing nothing of the core but the gate builder
+:mod:`titan_plugins.hosts.spans` (the gate machinery reads these through
 :data:`titan_plugins.hosts.HOSTS`). SGLang is installed as a distribution (a wheel, or an
 editable install of its ``python/`` folder), so gates are judged on its metadata.
 """
 
 from __future__ import annotations
+
+from titan_plugins.hosts.spans import every_span_gate, span_gate
 
 PACKAGE = "sglang"
 """The import package (SGLang keeps no ``package_info``: the distribution's metadata is read)."""
@@ -25,21 +28,12 @@ current release (the first with the ``begin_weight_update`` / ``end_weight_updat
 def sglang_releases(first: str = SGLANG_RELEASES[0], last: str = SGLANG_RELEASES[-1]) -> str:
     """The version gate of the SGLang releases ``first`` through ``last`` (their post releases
     included): ``sglang_releases("0.5.23")`` is ``"sglang>=0.5.23,<0.5.24"``."""
-    if first not in SGLANG_RELEASES or last not in SGLANG_RELEASES:
-        raise ValueError(f"sglang releases {first!r}..{last!r}: known ones are {SGLANG_RELEASES}")
-    if SGLANG_RELEASES.index(first) > SGLANG_RELEASES.index(last):
-        raise ValueError(f"sglang releases {first!r}..{last!r}: first is newer than last")
-    major, minor, patch = last.split(".")
-    return f"sglang>={first},<{major}.{minor}.{int(patch) + 1}"
+    return span_gate(DISTRIBUTION, SGLANG_RELEASES, first, last, "sglang releases")
 
 
 SUPPORTED_SGLANG = sglang_releases()
 """Every SGLang release the plugins serve (a patch whose target is the same on all of them)."""
 
-LINE_GATES = frozenset(
-    sglang_releases(first, last)
-    for i, first in enumerate(SGLANG_RELEASES)
-    for last in SGLANG_RELEASES[i:]
-)
+LINE_GATES = every_span_gate(DISTRIBUTION, SGLANG_RELEASES, "sglang releases")
 """Every :func:`sglang_releases` gate: a patch failing only these was written for another
 release."""
