@@ -47,7 +47,7 @@ from titan_weight_sync.settings import WeightSyncSettings
 from titan_weight_sync.trainer_side import WeightSync
 
 from titan_plugins.transport import auth
-from titan_plugins.transport.mooncake import MooncakeEngine
+from titan_plugins.transport.mooncake import MooncakeEngine, free_port
 
 HIDDEN, HEADS, FFN, VOCAB = 1024, 8, 4096, 8192
 LAYER_MB = (4 * HIDDEN * HIDDEN + 3 * HIDDEN * FFN) * 2 / 2**20
@@ -122,8 +122,6 @@ class Broadcast:
     """slime's default path: engines join a gloo group with the trainer as rank 0."""
 
     def __init__(self, engines: list[CPUEngine], weights: dict[str, torch.Tensor]) -> None:
-        from titan_weight_sync.cpu_engine import free_port
-
         self.engines = engines
         port = free_port()
         self.proc = subprocess.Popen(

@@ -87,7 +87,7 @@ def host_descriptions() -> dict[str, dict[str, Any]]:
         try:
             found = host.describe()
         except Exception as err:  # a report must never fail because of an odd environment
-            found = {"summary": f"{name}: unknown ({type(err).__name__}: {err})"}
+            found = {"summary": f"unknown ({type(err).__name__}: {err})"}
         if found:
             out[name] = found
     return out

@@ -43,7 +43,7 @@ def resolve_protocol(requested: str) -> str:
 def resolve_host(requested: str) -> str:
     """The address peers use to reach this rank.
 
-    Explicit ``TITAN_PP_RDMA_HOST`` wins; a job whose MASTER_ADDR is loopback (or unset) stays on
+    An explicit host (the plugin's ``..._HOST`` knob) wins; a job whose MASTER_ADDR is loopback (or unset) stays on
     127.0.0.1; otherwise the local address of the interface that routes to MASTER_ADDR.
     """
     if requested:
@@ -59,7 +59,8 @@ def resolve_host(requested: str) -> str:
         return socket.gethostbyname(socket.gethostname())
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -114,7 +115,7 @@ class MooncakeEngine:
         if self.metadata == P2PHANDSHAKE:
             local_name = self.host  # the engine picks its RPC port; the segment is host:port
         else:
-            local_name = f"{self.host}:{_free_port(self.host)}"
+            local_name = f"{self.host}:{free_port(self.host)}"
         self._te: Any = TransferEngine()
         before = set(listening_sockets())
         with confined_binds(self.host):

@@ -9,12 +9,12 @@ repository, made by ``scripts/sglang_env.sh``); the trainer side stays in the Me
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+from titan_plugins.transport.mooncake import free_port
 from titan_weight_sync.engine_api import EngineAPI
 from titan_weight_sync.errors import WeightSyncError
 from titan_weight_sync.settings import SGLANG_PYTHON
@@ -32,13 +32,6 @@ def sglang_python() -> str | None:
     """The interpreter of the SGLang venv, or None when there is none."""
     found = SGLANG_PYTHON.read() or str(REPO / ".venv-sglang" / "bin" / "python")
     return found if os.access(found, os.X_OK) else None
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class CPUEngine:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from titan_plugins.hosts.sglang.process import PROCESS
 from titan_plugins.hosts.sglang.versions import (
     DISTRIBUTION,
     LINE_GATES,
@@ -74,8 +75,6 @@ def describe() -> dict[str, Any]:
     which one this is (set by the entry point)."""
     from importlib import metadata
 
-    from titan_plugins.hosts.sglang.process import PROCESS
-
     try:
         version: str | None = metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:
@@ -89,6 +88,4 @@ def describe() -> dict[str, Any]:
 def here() -> bool:
     """Whether this process is an SGLang process (SGLang's plugin loader called the entry point
     here); a trainer that merely has SGLang installed, or bundled (miles-rl), is not."""
-    from titan_plugins.hosts.sglang.process import PROCESS
-
     return PROCESS["role"] is not None
