@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from titan_weight_sync import stats, wire
+from titan_weight_sync import stats
 from titan_weight_sync.engine_side import EngineEndpoint, Refused
 from titan_weight_sync.errors import WeightSyncError
 
@@ -40,7 +40,7 @@ def serve(manager: Any, recv_req: Any) -> Any:
     from sglang.srt.runtime_context import get_parallel
 
     parallel = get_parallel()
-    op = ""
+    op = ""  # known once the endpoint has read the message
     try:
         if getattr(parallel, "tp_size", 1) != 1:
             raise Refused(
@@ -49,7 +49,6 @@ def serve(manager: Any, recv_req: Any) -> Any:
             )
         payloads = recv_req.serialized_named_tensors
         raw = payloads[0] if len(payloads) == 1 else None
-        op = _op(raw)
 
         def load(named: list[tuple[str, torch.Tensor]]) -> int:
             with manager._observe_weight_load("titan_weight_sync"):
@@ -62,10 +61,10 @@ def serve(manager: Any, recv_req: Any) -> Any:
             manager._session = msgspec.structs.replace(manager._session, loaded_weights=True)
             return len(named)
 
-        text = endpoint(manager).handle(raw, manager._session is not None, load)
+        op, text = endpoint(manager).handle(raw, manager._session is not None, load)
         success = True
     except Refused as err:
-        success, text = False, f"weight_sync refused the {op or 'message'}: {err}"
+        success, text = False, f"weight_sync refused the {err.op or 'message'}: {err}"
         logger.warning(text)
     except Exception as err:  # answer the trainer; never take the scheduler down
         stats.count("failed")
@@ -76,10 +75,3 @@ def serve(manager: Any, recv_req: Any) -> Any:
         success, text = manager.flush_cache_after_weight_update(recv_req, success, text)
     torch.distributed.barrier(group=manager.tp_cpu_group)
     return UpdateWeightsFromTensorReqOutput(success=success, message=text)
-
-
-def _op(raw: object) -> str:
-    try:
-        return str(wire.decode(raw)["op"])
-    except wire.BadMessage:
-        return ""

@@ -37,7 +37,12 @@ Loader = Callable[[list[tuple[str, torch.Tensor]]], int]
 
 
 class Refused(Exception):
-    """A message the engine answers with a refusal (the text is the reason)."""
+    """A message the engine answers with a refusal (the text is the reason; ``op`` the message's
+    op, empty when it could not be read)."""
+
+    def __init__(self, reason: str, op: str = "") -> None:
+        super().__init__(reason)
+        self.op = op
 
 
 class Landing:
@@ -87,30 +92,32 @@ class EngineEndpoint:
         self.nonce: str | None = None  # the engine nonce of the open exchange
         self._seen: OrderedDict[str, None] = OrderedDict()  # trainer nonces already answered
 
-    def _secret(self) -> bytes:
+    def _secret(self, op: str) -> bytes:
         try:
             return auth.read_secret(self.settings.secret_file, SECRET_FILE.name)
         except auth.SecretError as err:
-            raise Refused(f"this engine accepts no trainer: {err}") from None
+            raise Refused(f"this engine accepts no trainer: {err}", op) from None
 
-    def handle(self, raw: object, session_open: bool, load: Loader) -> str:
-        """Answer one message; ``load`` hands verified tensors to SGLang (inside its session).
+    def handle(self, raw: object, session_open: bool, load: Loader) -> tuple[str, str]:
+        """Answer one message: ``(its op, the reply)``; ``load`` hands verified tensors to SGLang
+        (inside its session).
 
         :raises Refused: the message is refused (nothing changed but a closed region).
         """
+        op = ""
         try:
             message = wire.decode(raw)
-            secret = self._secret()
             op = message["op"]
+            secret = self._secret(op)
             if op == "hello":
-                return self._hello(secret, message)
+                return op, self._hello(secret, message)
             if op == "commit":
-                return self._commit(secret, message, session_open, load)
+                return op, self._commit(secret, message, session_open, load)
             self._abort(secret, message)
-            return wire.canonical({wire.REPLY_KEY: {"aborted": True}}).decode()
+            return op, wire.canonical({wire.REPLY_KEY: {"aborted": True}}).decode()
         except wire.BadMessage as err:
             stats.count("refused")
-            raise Refused(str(err)) from None
+            raise Refused(str(err), op) from None
 
     def _hello(self, secret: bytes, message: dict) -> str:
         trainer_nonce = wire.read_hello(secret, message)
