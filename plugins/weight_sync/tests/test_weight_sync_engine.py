@@ -29,11 +29,12 @@ from titan_weight_sync.errors import WeightSyncError
 from titan_weight_sync.hf_checkpoint import load_safetensors, save_checkpoint
 from titan_weight_sync.megatron_export import gather_hf_weights
 from titan_weight_sync.settings import WeightSyncSettings
-from titan_weight_sync.trainer_side import WeightSync
+from titan_weight_sync.trainer_side import LandingWriter, WeightSync
 
 from titan_plugins import host_memory
 from titan_plugins.hosts.megatron.testing import tiny_gpt
 from titan_plugins.transport import auth
+from titan_plugins.transport.mooncake import free_port
 
 pytestmark = [
     pytest.mark.sglang,
@@ -239,6 +240,147 @@ def test_one_sync_feeds_two_engines(job) -> None:
     assert first == second
 
 
+def staged_task(
+    layout: dict,
+    out_dir: str,
+    secret_file: str,
+    synced: str,
+    reference: str,
+    version: str,
+    bad_rank: int | None = None,
+) -> dict:
+    """Train two steps, then every pipeline stage's source rank writes its own stage (in
+    buckets of three tensors) into ``synced`` and rank 0 commits; ``bad_rank`` gives a
+    wrong-shaped tensor. The reference engine loads the gathered checkpoint from disk."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from titan_weight_sync.megatron_export import local_hf_weights
+    from titan_weight_sync.staged import staged_sync
+
+    tiny_gpt.init_parallel(**layout)
+    cfg = tiny_llama.make_config()
+    chunks = tiny_llama.build(cfg)
+    tiny_gpt.train(chunks, cfg, steps=2, optimizer=tiny_gpt.make_optimizer(chunks, cfg, lr=3e-3))
+    dense, _ = local_hf_weights(chunks, cfg)
+    source = ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
+    names = sorted(dense) if source else []
+    if dist.get_rank() == bad_rank:
+        dense[names[-1]] = torch.zeros(3, 3)
+    pieces = [{n: dense[n] for n in names[i : i + 3]} for i in range(0, len(names), 3)]
+    sync = WeightSync([synced], settings(secret_file, staging_bytes=64 << 10))
+    out: dict = {"rank": dist.get_rank(), "sent": len(names)}
+    try:
+        out["wrote"] = staged_sync(
+            (lambda: sync) if dist.get_rank() == 0 else None,
+            lambda: sync.writer,
+            pieces,
+            version,
+        )
+    except WeightSyncError as err:
+        out["error"] = str(err)
+    finally:
+        sync.close()
+    out["staging_left"] = "weight_sync.staging" in host_memory.usage()
+    full = gather_hf_weights(chunks, cfg)
+    if full and "error" not in out:
+        checkpoint = save_checkpoint(
+            full, tiny_llama.hf_config(cfg), f"{out_dir}/ckpt_{version}", torch.bfloat16
+        )
+        EngineClient(reference).load_from_disk(checkpoint, version)
+        out["checkpoint"] = str(checkpoint)
+        out["bytes"] = sum(t.numel() * 2 for t in full.values())
+    return out
+
+
+def test_a_pp2_trainer_writes_each_stage_from_its_own_rank_and_commits_once(job, gloo_pool2):
+    synced, reference = job["synced"], job["reference"]
+    first, second = gloo_pool2.run(
+        staged_task, {"pp": 2}, str(job["dir"]), job["secret"], synced.url, reference.url,
+        "pp2-1",
+    )  # fmt: skip
+    assert "error" not in first and "error" not in second, (first, second)
+    # each stage sent its own layers: nothing went through rank 0 but rank 0's stage
+    assert first["wrote"] == first["sent"] and second["wrote"] == second["sent"]
+    assert first["sent"] > 0 and second["sent"] > 0 and first["sent"] + second["sent"] == 21
+    assert synced.client.weight_version() == "pp2-1"
+    assert synced.client.generate(PROMPTS) == reference.client.generate(PROMPTS)
+    job["last"] = {"checkpoint": first["checkpoint"], "bytes": first["bytes"]}
+
+
+def test_a_stage_that_fails_fails_the_sync_on_every_rank_and_nothing_loads(job, gloo_pool2):
+    serving = _serving(job)
+    outs = gloo_pool2.run(
+        staged_task, {"pp": 2}, str(job["dir"]), job["secret"], job["synced"].url,
+        job["reference"].url, "pp2-bad", 1,
+    )  # fmt: skip
+    errors = {out["error"] for out in outs}
+    assert len(errors) == 1, outs  # the same outcome on every rank
+    (error,) = errors
+    assert "has shape (3, 3)" in error and "(group rank 1)" in error, error
+    assert _serving(job) == serving  # rank 0's stage landed but was never committed
+    assert [out["staging_left"] for out in outs] == [False, False]
+
+
+SLIME_DIR = os.environ.get("SLIME_DIR", "")
+
+
+@pytest.mark.skipif(
+    not SLIME_DIR,
+    reason="opt-in: SLIME_DIR=<a THUDM/slime checkout>, with slime's tqdm and httpx importable "
+    "(the command is in docs/hosts.md)",
+)
+@pytest.mark.parametrize("layout", [{"tp": 2, "pp": 1}, {"tp": 1, "pp": 2}], ids=["tp2", "pp2"])
+def test_slimes_own_update_path_sends_through_weight_sync(job, layout, tmp_path) -> None:
+    """slime's real ``UpdateWeightFromDistributed.update_weights`` (its gathers, its
+    ``convert_to_hf``) under torchrun, with the plugin activated the way a user's job has it."""
+    synced, reference = job["synced"], job["reference"]
+    spec = {
+        **layout,
+        "synced": synced.url,
+        "reference": reference.url,
+        "out": str(tmp_path),
+        "updates": 2,
+        "buffer_bytes": 64 << 10,  # slime's buckets: several per stage
+        "prompts": PROMPTS,
+    }
+    env = {
+        **os.environ,
+        "SLIME_DIR": SLIME_DIR,
+        "TITAN_PLUGINS_ONLY": "weight_sync",
+        "TITAN_PLUGINS_STRICT": "1",
+        "TITAN_WEIGHT_SYNC_SECRET_FILE": job["secret"],
+        "TITAN_WEIGHT_SYNC_PROTOCOL": "tcp",
+        "TITAN_WEIGHT_SYNC_HOST": "127.0.0.1",
+        "TITAN_WEIGHT_SYNC_STAGING_BYTES": "64KiB",
+        "OMP_NUM_THREADS": "1",
+    }
+    env.pop("TITAN_PLUGINS_AUTOLOAD", None)  # the automatic channel, as in a user's job
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(free_port()), str(Path(__file__).with_name("slime_job.py")),
+         json.dumps(spec)],
+        capture_output=True, text=True, timeout=900, env=env,
+    )  # fmt: skip
+    line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    if done.returncode != 0 or not line:
+        first_error = done.stderr[done.stderr.find("Traceback") :][:6000]
+        pytest.fail(f"the slime job failed (exit {done.returncode}):\n{first_error}")
+    result = json.loads(line[0][len("RESULT ") :])
+    records, stats_by_rank = result["records"], result["stats"]
+    assert [r["version"] for r in records] == ["1", "2"]
+    for record in records:
+        assert record["synced"] == record["reference"], record["version"]
+    assert records[0]["synced"] != records[1]["synced"]
+    assert all(s.get("fallbacks", 0) == 0 for s in stats_by_rank), stats_by_rank
+    sent = [s.get("slime_tensors_sent", 0) for s in stats_by_rank]
+    assert sum(sent) == 2 * 21, sent  # the whole model, each update
+    if layout["pp"] == 2:
+        assert sent[0] > 0 and sent[1] > 0, sent  # each stage sent its own layers
+    else:
+        assert sent[1] == 0, sent  # tensor-parallel rank 1 only joined slime's gathers
+    job["last"] = {"checkpoint": str(tmp_path / "slime_2")}  # what the engine serves now
+
+
 @pytest.fixture(scope="module")
 def moe_job(job, gloo_pool1):
     """Two engines serving the Mixtral-style checkpoint of the tiny MoE GPT (its initial
@@ -378,14 +520,14 @@ FORGER = textwrap.dedent(
 )
 
 
-class _ForgedInBetween(WeightSync):
+class _ForgedInBetween(LandingWriter):
     """A third process writes into the engine's landing region after the trainer's writes."""
 
-    def _write(self, targets, slots, tensors):
-        found = super()._write(targets, slots, tensors)
-        target = targets[0]
+    def write(self, landings, weights):
+        found = super().write(landings, weights)
+        target = landings.engines[0]
         done = subprocess.run(
-            [sys.executable, "-c", FORGER, target.session_id, str(target.landing_addr)],
+            [sys.executable, "-c", FORGER, target.session_id, str(target.addr)],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert done.stdout.strip().endswith("0"), done.stderr[-2000:]  # the forged write landed
@@ -394,7 +536,8 @@ class _ForgedInBetween(WeightSync):
 
 def test_a_write_from_a_third_process_is_caught_and_nothing_loads(job) -> None:
     serving = _serving(job)
-    sync = _ForgedInBetween([job["synced"].url], settings(job["secret"]))
+    sync = WeightSync([job["synced"].url], settings(job["secret"]))
+    sync.writer = _ForgedInBetween(sync.settings)
     with pytest.raises(WeightSyncError, match="differ from what the trainer wrote"):
         sync.sync(_weights(job), "forged-write")
     sync.close()
@@ -409,21 +552,18 @@ TRAINER_DIES = textwrap.dedent(
     from titan_weight_sync.settings import WeightSyncSettings
     from titan_weight_sync.trainer_side import WeightSync
 
-    class Dies(WeightSync):
-        def _write(self, targets, slots, tensors):
-            self._staging_buffer()
-            write = self._engine.write
-            def write_once(*args):
-                write(*args)
-                os._exit(9)  # killed after the first piece landed
-            self._engine.write = write_once
-            return super()._write(targets, slots, tensors)
-
     url, secret, checkpoint = sys.argv[1:4]
     weights = load_safetensors(checkpoint)
     settings = WeightSyncSettings(protocol="tcp", host="127.0.0.1", secret_file=secret,
                                   staging_bytes=64 << 10)
-    Dies([url], settings).sync(weights, "never")
+    sync = WeightSync([url], settings)
+    engine, _ = sync.writer._staging_buffer()
+    write = engine.write
+    def write_once(*args):
+        write(*args)
+        os._exit(9)  # killed after the first piece landed
+    engine.write = write_once
+    sync.sync(weights, "never")
     """
 )
 
@@ -445,31 +585,21 @@ def test_a_trainer_killed_mid_sync_leaves_the_engine_serving(job) -> None:
     assert job["synced"].client.generate(PROMPTS) == serving[1]  # the same weights again
 
 
-class _KillsTheEngine(WeightSync):
-    """The engine dies after the first piece of the writes."""
-
-    engine: CPUEngine
-
-    def _write(self, targets, slots, tensors):
-        self._staging_buffer()
-        write = self._engine.write
-
-        def write_then_kill(*args):
-            write(*args)
-            self.engine.stop()
-
-        self._engine.write = write_then_kill
-        return super()._write(targets, slots, tensors)
-
-
 def test_an_engine_killed_mid_sync_fails_the_sync_by_name_and_nothing_leaks(job) -> None:
-    sync = _KillsTheEngine([job["synced"].url], settings(job["secret"], staging_bytes=64 << 10))
-    sync.engine = job["synced"]
+    sync = WeightSync([job["synced"].url], settings(job["secret"], staging_bytes=64 << 10))
+    mooncake, _ = sync.writer._staging_buffer()
+    write = mooncake.write
+
+    def write_then_kill(*args):  # the engine dies after the first piece of the writes
+        write(*args)
+        job["synced"].stop()
+
+    mooncake.write = write_then_kill
     before = stats.snapshot().get("failed_syncs", 0)
     with pytest.raises(WeightSyncError, match=f"writing to the engine at {job['synced'].url}"):
         sync.sync(_weights(job), "engine-dies")
     assert stats.snapshot()["failed_syncs"] == before + 1
-    assert sync._engine is not None and sync._engine.registered_regions() == 1  # the staging
+    assert mooncake.registered_regions() == 1  # the staging
     sync.close()
-    assert sync._engine.registered_regions() == 0
+    assert mooncake.registered_regions() == 0
     assert "weight_sync.staging" not in host_memory.usage()

@@ -14,6 +14,7 @@ from titan_plugins.hosts.sglang import sglang_releases
 from titan_plugins.patching import Patch, Signature
 
 UPDATER = "sglang.srt.managers.scheduler_components.weight_updater"
+SLIME_UPDATE = "slime.backends.megatron_utils.update_weight.update_weight_from_distributed"
 LOAD_FORMAT = "titan_weight_sync"
 """The ``load_format`` of SGLang's ``update_weights_from_tensor`` requests that carry this
 plugin's messages (:mod:`titan_weight_sync.wire`)."""
@@ -32,6 +33,19 @@ def _serve_titan_format(original: Callable[..., Any]) -> Callable[..., Any]:
         return serve(self, recv_req)
 
     return update_weights_from_tensor
+
+
+def _slime_send_weights(original: Callable[..., Any]) -> Callable[..., Any]:
+    """slime's ``UpdateWeightFromDistributed._send_weights`` through weight_sync (slime's own
+    broadcast when weight_sync cannot serve the update)."""
+
+    @functools.wraps(original)
+    def _send_weights(self: Any, pbar: Any) -> None:
+        from titan_weight_sync.slime_update import send_weights
+
+        send_weights(original, self, pbar)
+
+    return _send_weights
 
 
 def patches() -> list[Patch]:
@@ -60,5 +74,40 @@ def patches() -> list[Patch]:
             upstream="sglang/srt/managers/scheduler_components/weight_updater.py "
             "SchedulerWeightUpdaterManager.update_weights_from_tensor (0.5.23)",
             remove_when="SGLang offers an authenticated one-sided update endpoint of its own",
-        )
+        ),
+        Patch(
+            id="weight_sync.slime_broadcast",
+            target=f"{SLIME_UPDATE}:UpdateWeightFromDistributed._send_weights",
+            replace=_slime_send_weights,
+            # slime is run from a checkout (no release to gate on): the signature decides
+            optional=True,
+            signature=(
+                Signature(
+                    positional=("self", "pbar"),
+                    attrs=(
+                        "UpdateWeightFromDistributed._iter_non_expert_chunks",
+                        "UpdateWeightFromDistributed._iter_expert_chunks",
+                        "UpdateWeightFromDistributed._on_chunk",
+                        "UpdateWeightFromDistributed.connect_rollout_engines",
+                        "get_gloo_group",
+                    ),
+                    contains=(
+                        "self._iter_non_expert_chunks(), self._iter_expert_chunks()",
+                        "self._on_chunk(hf_chunk)",
+                        "dist.barrier(group=get_gloo_group())",
+                    ),
+                ),
+                Signature(
+                    of="UpdateWeightFromDistributed.update_weights",
+                    contains=("self.weight_version += 1", "self._send_weights(pbar)"),
+                ),
+            ),
+            rationale="send slime's HF-converted buckets one-sided from every pipeline stage's "
+            "source rank into the engines (one commit, all or nothing) instead of an NCCL "
+            "broadcast from each stage; slime's broadcast runs when weight_sync cannot serve",
+            upstream="slime/backends/megatron_utils/update_weight/"
+            "update_weight_from_distributed.py UpdateWeightFromDistributed._send_weights "
+            "(THUDM/slime 624b824a)",
+            remove_when="slime ships a one-sided weight update of its own (its P2P RFC)",
+        ),
     ]

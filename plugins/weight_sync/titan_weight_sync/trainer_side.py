@@ -18,6 +18,11 @@ One :meth:`WeightSync.sync`:
 Any failure raises :class:`WeightSyncError` naming the cause. Every engine is left serving its
 last complete version: its exchange aborted, its session closed, its generation resumed. The
 caller (a framework's update path) then runs its own path.
+
+The three steps are also offered one by one (:meth:`WeightSync.open`, :meth:`LandingWriter.write`,
+:meth:`WeightSync.commit`), so that several trainer processes (one per pipeline stage) can write
+their own part of the model into the same exchange, which one of them opens and commits
+(:mod:`titan_weight_sync.staged`).
 """
 
 from __future__ import annotations
@@ -57,6 +62,25 @@ class _Target:
     paused: bool = False
 
 
+@dataclass(frozen=True)
+class Landing:
+    """Where one engine takes the writes of an open exchange (no secret, no nonce: what any
+    writing process of the job may be told)."""
+
+    url: str
+    session_id: str
+    addr: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Landings:
+    """An open exchange: every engine's landing region and the table they share."""
+
+    engines: tuple[Landing, ...]
+    slots: tuple[layout.Slot, ...]
+
+
 @dataclass
 class SyncResult:
     """What one sync did."""
@@ -68,25 +92,19 @@ class SyncResult:
     seconds: dict[str, float]
 
 
-class WeightSync:
-    """The trainer's connection to a set of engines (``http://host:port`` each).
+class LandingWriter:
+    """One process's writes into open exchanges: a registered staging buffer of bounded size
+    (reserved in the core's host-memory ledger, allocated at the first write) and its Mooncake
+    engine. Any rank of the job can hold one."""
 
-    :param engines: the engines' HTTP addresses.
-    :param settings: the knobs (default: read now).
-    """
-
-    def __init__(self, engines: list[str], settings: WeightSyncSettings | None = None) -> None:
-        if not engines:
-            raise WeightSyncError("weight_sync: no engine to sync into")
-        self.settings = settings or WeightSyncSettings.read()
-        self.apis = [EngineAPI(url, self.settings.timeout_s) for url in engines]
+    def __init__(self, settings: WeightSyncSettings) -> None:
+        self.settings = settings
         self._engine: MooncakeEngine | None = None
         self._staging: torch.Tensor | None = None
         self._reservation: host_memory.Reservation | None = None
         self._writer: StreamingWriter | None = None
 
-    # ------------------------------------------------------------ resources
-    def _staging_buffer(self) -> torch.Tensor:
+    def _staging_buffer(self) -> tuple[MooncakeEngine, StreamingWriter]:
         if self._staging is None:
             nbytes = self.settings.staging_bytes
             reservation = host_memory.Reservation(OWNER)
@@ -111,7 +129,8 @@ class WeightSync:
                 raise
             self._engine, self._staging, self._reservation = engine, staging, reservation
             self._writer = StreamingWriter(staging)
-        return self._staging
+        assert self._engine is not None and self._writer is not None
+        return self._engine, self._writer
 
     def close(self) -> None:
         """Give back the staging buffer (unregistered, and released in the ledger)."""
@@ -125,6 +144,57 @@ class WeightSync:
             self._reservation.close()
             self._reservation = None
 
+    def write(self, landings: Landings, weights: Mapping[str, torch.Tensor]) -> dict[str, str]:
+        """Stream ``weights`` (any part of the model) into every engine of ``landings``; the
+        SHA-256 of each tensor as sent. Refuses an unknown name or a wrong shape or dtype
+        before a byte moves.
+
+        :raises WeightSyncError: the cause (the engines still serve: nothing is committed).
+        """
+        slots, tensors = checked_part(weights, list(landings.slots))
+        if not slots:
+            return {}
+        engine, writer = self._staging_buffer()
+
+        def write_one(target: Landing, local: list[int], offsets: list[int], lengths: list[int]):
+            try:
+                engine.write(
+                    target.session_id, local, [target.addr + offset for offset in offsets], lengths
+                )
+            except WeightSyncError as err:
+                raise WeightSyncError(
+                    f"weight_sync: writing to the engine at {target.url} failed: {err}"
+                ) from None
+
+        def write(local: list[int], offsets: list[int], lengths: list[int]) -> None:
+            _each(list(landings.engines), lambda t: write_one(t, local, offsets, lengths))
+
+        digests = writer.run(slots, tensors, write)
+        written = sum(slot.nbytes for slot in slots) * len(landings.engines)
+        stats.count("bytes_written", written)
+        stats.count("tensors_written", len(slots) * len(landings.engines))
+        return dict(digests)
+
+
+class WeightSync:
+    """The trainer's connection to a set of engines (``http://host:port`` each).
+
+    :param engines: the engines' HTTP addresses.
+    :param settings: the knobs (default: read now).
+    """
+
+    def __init__(self, engines: list[str], settings: WeightSyncSettings | None = None) -> None:
+        if not engines:
+            raise WeightSyncError("weight_sync: no engine to sync into")
+        self.settings = settings or WeightSyncSettings.read()
+        self.apis = [EngineAPI(url, self.settings.timeout_s) for url in engines]
+        self.writer = LandingWriter(self.settings)
+        self._open: list[_Target] = []
+
+    def close(self) -> None:
+        """Give back the staging buffer (unregistered, and released in the ledger)."""
+        self.writer.close()
+
     # ------------------------------------------------------------ one sync
     def sync(self, weights: Mapping[str, torch.Tensor], version: str) -> SyncResult:
         """Move ``weights`` (Hugging Face names, the full set the engines serve) into every
@@ -133,10 +203,33 @@ class WeightSync:
         :raises WeightSyncError: the cause, after every engine was left serving its last
             complete version.
         """
-        secret = self._secret()
-        targets = [_Target(api) for api in self.apis]
         seconds: dict[str, float] = {}
         started = time.perf_counter()
+        landings = self.open()
+        try:
+            missing_check(weights, landings.slots)
+            seconds["hello_s"] = time.perf_counter() - started
+            mark = time.perf_counter()
+            digests = self.writer.write(landings, weights)
+            seconds["write_s"] = time.perf_counter() - mark
+        except BaseException:
+            self.abort()
+            raise
+        mark = time.perf_counter()
+        self.commit(version, digests)
+        seconds["commit_s"] = time.perf_counter() - mark
+        seconds["total_s"] = time.perf_counter() - started
+        written = sum(slot.nbytes for slot in landings.slots) * len(landings.engines)
+        return SyncResult(version, len(landings.engines), len(landings.slots), written, seconds)
+
+    def open(self) -> Landings:
+        """``hello`` to every engine: each opens its landing region for this exchange.
+
+        :raises WeightSyncError: the cause (every engine opened so far is aborted first).
+        """
+        secret = self._secret()
+        targets = [_Target(api) for api in self.apis]
+        self._open = targets
         try:
             for target in targets:
                 self._hello(secret, target)
@@ -147,24 +240,57 @@ class WeightSync:
                         f"weight_sync: {target.api.url} serves other tensors than "
                         f"{targets[0].api.url}; sync them separately"
                     )
-            tensors = self._checked(weights, slots)
-            seconds["hello_s"] = time.perf_counter() - started
-            mark = time.perf_counter()
-            digests, written = self._write(targets, slots, tensors)
-            seconds["write_s"] = time.perf_counter() - mark
-            mark = time.perf_counter()
-            _each(targets, lambda target: self._commit(secret, target, version, digests))
-            seconds["commit_s"] = time.perf_counter() - mark
         except BaseException:
-            self._leave_serving(secret, targets)
-            stats.count("failed_syncs")
+            self.abort()
             raise
-        seconds["total_s"] = time.perf_counter() - started
+        return Landings(
+            tuple(
+                Landing(t.api.url, t.session_id, t.landing_addr, t.landing_bytes) for t in targets
+            ),
+            tuple(slots),
+        )
+
+    def commit(self, version: str, digests: Mapping[str, str]) -> None:
+        """Commit the open exchange on every engine at once: ``digests`` (name -> SHA-256, from
+        every writer) must cover the whole table. Each engine loads only bytes that match.
+
+        :raises WeightSyncError: the cause, after every engine was left serving its last
+            complete version.
+        """
+        targets = self._open
+        if not targets:
+            raise WeightSyncError("weight_sync: commit without an open exchange")
+        secret = self._secret()
+        try:
+            slots = targets[0].slots
+            missing = [slot.name for slot in slots if slot.name not in digests]
+            if missing:
+                raise WeightSyncError(
+                    f"weight_sync: {len(missing)} tensor(s) the engines serve were not written: "
+                    f"{missing[:5]}; a sync replaces the whole model"
+                )
+            ordered = [(slot.name, digests[slot.name]) for slot in slots]
+            _each(targets, lambda target: self._commit(secret, target, version, ordered))
+        except BaseException:
+            self.abort()
+            raise
+        self._open = []
         stats.count("syncs")
         stats.count("engines_synced", len(targets))
-        stats.count("bytes_written", written)
-        stats.count("tensors_written", len(tensors) * len(targets))
-        return SyncResult(version, len(targets), len(tensors), written, seconds)
+
+    def abort(self) -> None:
+        """Leave every engine of the open exchange serving its last complete version: abort the
+        exchange, close the session, resume generation (each best effort)."""
+        targets, self._open = self._open, []
+        if not targets:
+            return
+        stats.count("failed_syncs")
+        try:
+            secret = self._secret()
+        except WeightSyncError as err:
+            logger.warning("weight_sync: cannot abort the exchanges: %s", err)
+            return
+        self._leave_serving(secret, targets)
 
     def _secret(self) -> bytes:
         try:
@@ -190,65 +316,6 @@ class WeightSync:
         if layout.region_bytes(target.slots) > size:
             raise WeightSyncError(f"weight_sync: {target.api.url}: its table overflows its region")
         target.landing_addr, target.landing_bytes = addr, size
-
-    def _checked(
-        self, weights: Mapping[str, torch.Tensor], slots: list[layout.Slot]
-    ) -> list[torch.Tensor]:
-        """The weights in table order, in the engine's dtypes; refuses any mismatch by name."""
-        known = {slot.name for slot in slots}
-        unknown = sorted(set(weights) - known)
-        if unknown:
-            raise WeightSyncError(
-                f"weight_sync: the engines serve no tensor named {unknown[:5]} (their checkpoint "
-                f"has {len(known)}); check the name conversion"
-            )
-        missing = sorted(known - set(weights))
-        if missing:
-            raise WeightSyncError(
-                f"weight_sync: {len(missing)} tensor(s) the engines serve were not given: "
-                f"{missing[:5]}; a sync replaces the whole model"
-            )
-        ordered = []
-        for slot in slots:
-            tensor = weights[slot.name]
-            if tuple(tensor.shape) != slot.shape:
-                raise WeightSyncError(
-                    f"weight_sync: {slot.name} has shape {tuple(tensor.shape)}; the engines "
-                    f"serve {slot.shape}"
-                )
-            if tensor.dtype.is_floating_point != layout.DTYPES[slot.dtype].is_floating_point:
-                raise WeightSyncError(
-                    f"weight_sync: {slot.name} is {tensor.dtype}; the engines serve {slot.dtype}"
-                )
-            ordered.append(tensor)
-        return ordered
-
-    def _write(
-        self, targets: list[_Target], slots: list[layout.Slot], tensors: list[torch.Tensor]
-    ) -> tuple[list[tuple[str, str]], int]:
-        """Stream every tensor into every engine; the SHA-256 of each as sent."""
-        self._staging_buffer()
-        engine, writer = self._engine, self._writer
-        assert engine is not None and writer is not None
-
-        def write_one(target: _Target, local: list[int], offsets: list[int], lengths: list[int]):
-            try:
-                engine.write(
-                    target.session_id,
-                    local,
-                    [target.landing_addr + offset for offset in offsets],
-                    lengths,
-                )
-            except WeightSyncError as err:
-                raise WeightSyncError(
-                    f"weight_sync: writing to the engine at {target.api.url} failed: {err}"
-                ) from None
-
-        def write(local: list[int], offsets: list[int], lengths: list[int]) -> None:
-            _each(targets, lambda target: write_one(target, local, offsets, lengths))
-
-        digests = writer.run(slots, tensors, write)
-        return digests, sum(slot.nbytes for slot in slots) * len(targets)
 
     def _commit(
         self, secret: bytes, target: _Target, version: str, digests: list[tuple[str, str]]
@@ -290,6 +357,43 @@ class WeightSync:
                     step()
                 except WeightSyncError as err:
                     logger.warning("weight_sync: leaving %s serving: %s", target.api.url, err)
+
+
+def missing_check(weights: Mapping[str, torch.Tensor], slots: tuple[layout.Slot, ...]) -> None:
+    """Refuses a full set of weights that lacks a tensor the engines serve."""
+    missing = sorted({slot.name for slot in slots} - set(weights))
+    if missing:
+        raise WeightSyncError(
+            f"weight_sync: {len(missing)} tensor(s) the engines serve were not given: "
+            f"{missing[:5]}; a sync replaces the whole model"
+        )
+
+
+def checked_part(
+    weights: Mapping[str, torch.Tensor], slots: list[layout.Slot]
+) -> tuple[list[layout.Slot], list[torch.Tensor]]:
+    """The slots of ``weights`` and the tensors, in table order; refuses an unknown name, a
+    wrong shape or a float given for an integer tensor (or back), by name."""
+    by_name = {slot.name: slot for slot in slots}
+    unknown = sorted(set(weights) - set(by_name))
+    if unknown:
+        raise WeightSyncError(
+            f"weight_sync: the engines serve no tensor named {unknown[:5]} (their checkpoint "
+            f"has {len(by_name)}); check the name conversion"
+        )
+    part = [slot for slot in slots if slot.name in weights]
+    for slot in part:
+        tensor = weights[slot.name]
+        if tuple(tensor.shape) != slot.shape:
+            raise WeightSyncError(
+                f"weight_sync: {slot.name} has shape {tuple(tensor.shape)}; the engines "
+                f"serve {slot.shape}"
+            )
+        if tensor.dtype.is_floating_point != layout.DTYPES[slot.dtype].is_floating_point:
+            raise WeightSyncError(
+                f"weight_sync: {slot.name} is {tensor.dtype}; the engines serve {slot.dtype}"
+            )
+    return part, [weights[slot.name] for slot in part]
 
 
 def _each(targets: list[_Target], step: Callable[[_Target], None]) -> None:

@@ -1,0 +1,121 @@
+"""One sync written by several trainer processes: each pipeline stage sends its own weights.
+
+A framework's update path (slime's ``UpdateWeightFromDistributed``) has one sending rank per
+pipeline stage, each holding the Hugging Face tensors of its stage only. Gathering them on one
+rank first would move the whole model twice. Here every rank of ``group`` calls
+:func:`staged_sync` together:
+
+1. The group's first rank opens the exchange (``hello`` to every engine) and broadcasts where
+   each engine takes writes (:class:`~titan_weight_sync.trainer_side.Landings`: no secret, no
+   nonce).
+2. Every rank streams its pieces (any number of ``{name: tensor}`` parts, possibly none) into
+   every engine with its own staging buffer. A rank that fails keeps consuming its pieces, so
+   the collectives inside them (the framework's tensor- and expert-parallel gathers) stay in step.
+3. Every rank's digests and failure are gathered; the first rank commits only when no rank
+   failed and the digests cover the engines' whole table, so the update stays all or nothing
+   across stages.
+
+The outcome is the same on every rank: either every rank returns, or every rank raises the same
+:class:`WeightSyncError`, and the caller can run the framework's own path collectively.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+
+from titan_weight_sync.errors import WeightSyncError
+from titan_weight_sync.trainer_side import Landings, LandingWriter, WeightSync
+
+
+def staged_sync(
+    open_sync: Callable[[], WeightSync] | None,
+    writer: Callable[[], LandingWriter],
+    pieces: Iterable[Mapping[str, torch.Tensor]],
+    version: str,
+    group: Any = None,
+) -> int:
+    """Sync the model whose parts the ranks of ``group`` hold; a collective of the group.
+
+    :param open_sync: on the group's first rank, gives the engines' connection (``None``
+        elsewhere); a failure there fails the sync on every rank.
+    :param writer: this rank's writer (called only when the rank has something to send).
+    :param pieces: this rank's parts of the model, Hugging Face names.
+    :param version: the engines' weight version after the sync.
+    :returns: the number of tensors this rank wrote.
+    :raises WeightSyncError: on every rank, with the same message, when the sync failed; every
+        engine then serves its last complete version.
+    """
+    import torch.distributed as dist
+
+    first = dist.get_rank(group) == 0
+    root = dist.get_global_rank(group, 0) if group is not None else 0
+    opened: list[Any] = [None]
+    sync: WeightSync | None = None
+    if first:
+        try:
+            if open_sync is None:
+                raise WeightSyncError("weight_sync: the group's first rank has no engines")
+            sync = open_sync()
+            opened[0] = sync.open()
+        except Exception as err:  # the other ranks wait for an answer: never leave them hanging
+            opened[0] = _reason(err)
+    dist.broadcast_object_list(opened, src=root, group=group)
+    if isinstance(opened[0], str):
+        raise WeightSyncError(opened[0])  # nothing was consumed: the caller's path starts clean
+    landings: Landings = opened[0]
+
+    digests: dict[str, str] = {}
+    failure = ""
+    for piece in pieces:
+        if failure or not piece:
+            continue
+        try:
+            for name, digest in writer().write(landings, piece).items():
+                if name in digests:
+                    raise WeightSyncError(f"weight_sync: {name} was given twice by this rank")
+                digests[name] = digest
+        except Exception as err:  # keep consuming: the pieces' collectives must stay in step
+            failure = _reason(err)
+    everyone: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, (digests, failure), group=group)
+
+    outcome: list[Any] = [""]
+    if first:
+        assert sync is not None
+        outcome[0] = _commit_all(sync, everyone, version)
+    dist.broadcast_object_list(outcome, src=root, group=group)
+    if outcome[0]:
+        raise WeightSyncError(outcome[0])
+    return len(digests)
+
+
+def _commit_all(sync: WeightSync, everyone: list[Any], version: str) -> str:
+    """On the first rank: commit when every rank wrote its part; else abort. The failure, or
+    ``""``."""
+    merged: dict[str, str] = {}
+    problem = ""
+    for rank, (digests, failure) in enumerate(everyone):
+        if failure:
+            problem = problem or f"{failure} (group rank {rank})"
+        for name, digest in digests.items():
+            if name in merged:
+                problem = problem or f"weight_sync: {name} was written by two ranks"
+            merged[name] = digest
+    if problem:
+        sync.abort()
+        return problem
+    try:
+        sync.commit(version, merged)
+    except Exception as err:  # the other ranks wait for the outcome
+        return _reason(err)
+    return ""
+
+
+def _reason(err: Exception) -> str:
+    """The message a failure is reported with (an unexpected error keeps its type's name)."""
+    if isinstance(err, WeightSyncError):
+        return str(err)
+    return f"weight_sync: {type(err).__name__}: {err}"
