@@ -62,5 +62,8 @@ def test_plugin_patches_gate_on_supported_megatron_lines_and_match_them(ep):
         assert patch.signature, f"{patch.id}: declare what it relies on (Signature)"
         if gates.check(patch.requires[0]) is not None:
             continue  # a variant for another line: checked on that line's run of this test
+        top = patch.module.split(".", 1)[0]
+        if patch.optional and top not in HOSTS and importlib.util.find_spec(top) is None:
+            continue  # a framework's checkout, not installed here: checked by its opt-in test
         module = importlib.import_module(patch.module)
         assert signature.check_all(patch.signature, module, patch.attr_path) is None, patch.id

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from titan_plugins import activation, host_memory
@@ -52,7 +53,13 @@ def _mark_inactive(entry: dict[str, Any]) -> None:
     shown as inactive, with the first reason, rather than "enabled"."""
     # a patch for a host this process does not run (weight_sync's SGLang side in a trainer,
     # even where SGLang is installed or bundled) says nothing about whether the plugin works here
-    patches = [p for p in entry["patches"] if not _other_host(p["target"])]
+    # nor does an optional patch into a framework this process does not have (weight_sync's
+    # slime patch in a plain torchrun job, whose trainer side is an API)
+    patches = [
+        p
+        for p in entry["patches"]
+        if not _other_host(p["target"]) and not (p.get("optional") and _absent(p["target"]))
+    ]
     if entry["state"] != ENABLED or not patches:
         return
     if all(p["status"] in (SKIPPED, FAILED, OTHER_LINE) for p in patches):
@@ -67,6 +74,15 @@ def _other_host(target: str) -> bool:
         if host.PACKAGE.split(".", 1)[0] == top:
             return not host.here()
     return False
+
+
+def _absent(target: str) -> bool:
+    """Whether the top-level package of ``target`` cannot be found here (nothing imported)."""
+    top = target.split(":", 1)[0].split(".", 1)[0]
+    try:
+        return importlib.util.find_spec(top) is None
+    except (ImportError, ValueError):
+        return True
 
 
 def megatron_origin() -> dict[str, Any]:

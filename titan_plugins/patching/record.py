@@ -110,4 +110,5 @@ class Patch:
             "rationale": self.rationale,
             "upstream": self.upstream,
             "remove_when": self.remove_when,
+            "optional": self.optional,
         }

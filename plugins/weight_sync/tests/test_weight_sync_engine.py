@@ -321,6 +321,98 @@ def test_a_stage_that_fails_fails_the_sync_on_every_rank_and_nothing_loads(job, 
     assert [out["staging_left"] for out in outs] == [False, False]
 
 
+class SlimeShapedUpdater:
+    """What ``slime_update.send_weights`` uses of slime's ``UpdateWeightFromDistributed`` (CI
+    has no slime checkout; the opt-in test below runs slime's own class): its bucket iterators
+    (here this rank's Hugging Face weights, three tensors a bucket, on the stage's source rank),
+    ``_on_chunk``, ``_is_pp_src_rank``, ``weight_version`` and the engines."""
+
+    def __init__(self, dense: dict, source: bool, urls: list[str], version: int) -> None:
+        self.dense, self._is_pp_src_rank = dense, source
+        self.rollout_engines, self.weight_version = urls, version
+        self.chunks_seen = 0
+
+    def _iter_non_expert_chunks(self):
+        names = sorted(self.dense) if self._is_pp_src_rank else []
+        for i in range(0, len(names), 3):
+            yield [(n, self.dense[n]) for n in names[i : i + 3]]
+
+    def _iter_expert_chunks(self):
+        return iter(())
+
+    def _on_chunk(self, chunk) -> None:
+        self.chunks_seen += 1
+
+
+def slime_shaped_task(layout: dict, synced: str, secret_file: str, version: int) -> dict:
+    """``send_weights`` on every rank of a PP=2 trainer, slime's gloo group being the world and
+    the engine URLs given; ``original`` (slime's broadcast) only records that it ran."""
+    from megatron.core import parallel_state as ps
+    from titan_weight_sync import slime_update
+    from titan_weight_sync.megatron_export import local_hf_weights
+
+    tiny_gpt.init_parallel(**layout)
+    cfg = tiny_llama.make_config()
+    chunks = tiny_llama.build(cfg)
+    dense, _ = local_hf_weights(chunks, cfg)
+    source = ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
+    updater = SlimeShapedUpdater(dense, source, [synced], version)
+    ran: list[str] = []
+    saved = dict(os.environ)
+    os.environ.update(
+        TITAN_WEIGHT_SYNC_SECRET_FILE=secret_file,
+        TITAN_WEIGHT_SYNC_PROTOCOL="tcp",
+        TITAN_WEIGHT_SYNC_HOST="127.0.0.1",
+        TITAN_WEIGHT_SYNC_STAGING_BYTES="64KiB",
+    )
+    group, urls = slime_update._group, slime_update._engine_urls
+    slime_update._group = lambda: None  # slime's gloo group spans every rank: the world here
+    slime_update._engine_urls = lambda u: list(u.rollout_engines)
+    before = stats.snapshot().get("fallbacks", 0)
+    try:
+        slime_update.send_weights(lambda u, pbar: ran.append("slime"), updater, None)
+    finally:
+        slime_update._group, slime_update._engine_urls = group, urls
+        os.environ.clear()
+        os.environ.update(saved)
+        for held in ("_titan_weight_sync", "_titan_weight_sync_writer"):
+            if getattr(updater, held, None) is not None:
+                getattr(updater, held).close()
+    return {
+        "slime_ran": ran,
+        "fallbacks": stats.snapshot().get("fallbacks", 0) - before,
+        "chunks": updater.chunks_seen,
+        "tensors": len(dense) if source else 0,
+    }
+
+
+def test_slimes_send_weights_goes_through_weight_sync_or_falls_back_on_every_rank(
+    job, gloo_pool2, tmp_path
+) -> None:
+    synced = job["synced"]
+    serving = _serving(job)
+    # an engine that refuses the trainer (another job's secret): slime's broadcast runs everywhere
+    other = str(tmp_path / "other-secret")
+    auth.write_secret(other)
+    outs = gloo_pool2.run(slime_shaped_task, {"pp": 2}, synced.url, other, 7)
+    assert [o["slime_ran"] for o in outs] == [["slime"], ["slime"]], outs
+    assert [o["fallbacks"] for o in outs] == [1, 1]
+    assert [o["chunks"] for o in outs] == [0, 0]  # nothing consumed: slime's pass starts clean
+    assert _serving(job) == serving
+    # the job's secret: every stage writes its buckets, slime's broadcast never runs
+    outs = gloo_pool2.run(slime_shaped_task, {"pp": 2}, synced.url, job["secret"], 8)
+    assert [o["slime_ran"] for o in outs] == [[], []], outs
+    assert [o["fallbacks"] for o in outs] == [0, 0]
+    assert all(o["chunks"] == -(-o["tensors"] // 3) and o["chunks"] > 0 for o in outs), outs
+    assert synced.client.weight_version() == "8"
+    assert synced.client.generate(PROMPTS) != serving[1]
+    # back to the last checkpoint (the fault tests compare against what it serves)
+    sync = WeightSync([synced.url], settings(job["secret"]))
+    sync.sync(_weights(job), "restored")
+    sync.close()
+    assert synced.client.generate(PROMPTS) == serving[1]
+
+
 SLIME_DIR = os.environ.get("SLIME_DIR", "")
 
 

@@ -10,6 +10,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from titan_plugins.hosts.megatron import SUPPORTED_MEGATRON
 from titan_plugins.hosts.sglang import sglang_releases
 from titan_plugins.patching import Patch, Signature
 
@@ -79,7 +80,9 @@ def patches() -> list[Patch]:
             id="weight_sync.slime_broadcast",
             target=f"{SLIME_UPDATE}:UpdateWeightFromDistributed._send_weights",
             replace=_slime_send_weights,
-            # slime is run from a checkout (no release to gate on): the signature decides
+            # slime is run from a checkout (no release of its own): gated on the Megatron it
+            # runs (tested on 0.16 and 0.19; slime's 0.16.0rc0 passes on the signature)
+            requires=(SUPPORTED_MEGATRON,),
             optional=True,
             signature=(
                 Signature(
