@@ -206,11 +206,18 @@ def main(argv: list[str] | None = None) -> int:
     p_doctor.add_argument("--no-import", action="store_true", help="do not import megatron targets")
     sub.add_parser("env", help="every switch, documented, with its current value")
     sub.add_parser("plan", help="per-rank memory and FLOPs of a Megatron layout", add_help=False)
+    sub.add_parser(
+        "verify", help="train with each plugin off / alone / all on and judge it", add_help=False
+    )
     args, rest = parser.parse_known_args(argv)
     if args.command == "plan":
         from titan_plugins.plan.cli import main as plan_main
 
         return plan_main(rest)
+    if args.command == "verify":
+        from titan_plugins.verify.cli import main as verify_main
+
+        return verify_main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "list":

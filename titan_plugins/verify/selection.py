@@ -15,7 +15,15 @@ patch that no such file exercises, why not::
     }
 
 ``covers`` lists patch record ids (``Patch.id``); ``world_sizes`` (optional) the numbers of
-processes the file's tests are written for, ascending. Every field is checked when the file is
+processes the file's tests are written for, ascending.
+
+An optional ``differential`` object says how ``titan-plugins verify``'s differential training
+check (:mod:`~titan_plugins.verify.differential`) runs and judges the plugin: ``config``
+(``TransformerConfig`` fields its code path needs, e.g. ``{"fp8": "e4m3"}``), ``env`` (its knobs
+for the check), ``loss_bound`` / ``norm_bound`` (the largest relative per-step gap of the loss and
+of the grad norm from the run with every plugin off: 0 means bit-identical, the default) and
+``outside_the_step`` (why the plugin counts no work in a training step, when it does not) and
+``not_in_layouts`` (layout -> why the plugin cannot run in it, e.g. Megatron's own refusal). Every field is checked when the file is
 read; a bad one raises :class:`SelectionError` naming the file and the field.
 :meth:`Selection.coverage` answers, for a list of patch records, which are covered by which
 files, which are not covered and why, and which are neither (gaps) or named but absent (stale).
@@ -37,6 +45,15 @@ if TYPE_CHECKING:
 
 DATA_FILE = "upstream_tests.json"
 NOT_COVERED = "not_covered"
+DIFFERENTIAL = "differential"
+_DIFFERENTIAL_FIELDS = (
+    "config",
+    "env",
+    "loss_bound",
+    "norm_bound",
+    "outside_the_step",
+    "not_in_layouts",
+)
 SUITES: dict[str, str] = {
     suite: folder for host in HOSTS.values() for suite, folder in host.UPSTREAM_TESTS.items()
 }
@@ -86,12 +103,25 @@ class Coverage:
 
 
 @dataclass(frozen=True)
+class Differential:
+    """How the differential training check runs and judges one plugin (all optional)."""
+
+    config: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    loss_bound: float = 0.0
+    norm_bound: float = 0.0
+    outside_the_step: str = ""
+    not_in_layouts: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Selection:
     """A parsed ``upstream_tests.json`` (``source``: where it was read, for messages)."""
 
     source: str
     tests: tuple[UpstreamTest, ...] = ()
     not_covered: dict[str, str] = field(default_factory=dict)
+    differential: Differential = field(default_factory=Differential)
 
     def ids(self) -> set[str]:
         """Every patch id the data file names (covered or not)."""
@@ -178,10 +208,13 @@ def parse(data: Any, source: str) -> Selection:
         raise bad("top level", f"must be a JSON object, not {_kind(data)}")
     tests: list[UpstreamTest] = []
     not_covered: dict[str, str] = {}
-    accepted = [*SUITES, NOT_COVERED]
+    differential = Differential()
+    accepted = [*SUITES, NOT_COVERED, DIFFERENTIAL]
     for key, value in data.items():
         if key == NOT_COVERED:
             not_covered = _not_covered(value, bad)
+        elif key == DIFFERENTIAL:
+            differential = _differential(value, bad)
         elif key in SUITES:
             tests += _suite(key, value, bad)
         else:
@@ -193,7 +226,41 @@ def parse(data: Any, source: str) -> Selection:
                     f"{NOT_COVERED}[{patch_id!r}]",
                     f"the id is also covered by {test.path}: say one or the other",
                 )
-    return Selection(source, tuple(tests), not_covered)
+    return Selection(source, tuple(tests), not_covered, differential)
+
+
+def _differential(value: Any, bad: _Bad) -> Differential:
+    if not isinstance(value, dict):
+        raise bad(DIFFERENTIAL, f"must be an object, not {_kind(value)}")
+    unknown = sorted(set(value) - set(_DIFFERENTIAL_FIELDS))
+    if unknown:
+        raise bad(
+            f"{DIFFERENTIAL}.{unknown[0]}",
+            f"unknown field; fields: {', '.join(_DIFFERENTIAL_FIELDS)}",
+        )
+    config = value.get("config", {})
+    if not isinstance(config, dict) or not all(_is_patch_id(k) for k in config):
+        raise bad(f"{DIFFERENTIAL}.config", "must be an object of TransformerConfig field -> value")
+    env = value.get("env", {})
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise bad(f"{DIFFERENTIAL}.env", "must be an object of variable -> string value")
+    bounds = []
+    for name in ("loss_bound", "norm_bound"):
+        bound = value.get(name, 0.0)
+        if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not 0 <= bound < 1:
+            raise bad(f"{DIFFERENTIAL}.{name}", f"must be a number in [0, 1): {bound!r}")
+        bounds.append(float(bound))
+    why = value.get("outside_the_step", "")
+    if not isinstance(why, str):
+        raise bad(f"{DIFFERENTIAL}.outside_the_step", "must be a string (why)")
+    layouts = value.get("not_in_layouts", {})
+    if not isinstance(layouts, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and v.strip() for k, v in layouts.items()
+    ):
+        raise bad(f"{DIFFERENTIAL}.not_in_layouts", "must be an object of layout -> why")
+    return Differential(dict(config), dict(env), bounds[0], bounds[1], why, dict(layouts))
 
 
 def _suite(suite: str, value: Any, bad: _Bad) -> list[UpstreamTest]:
