@@ -85,22 +85,18 @@ def print_table(result: Any, out: TextIO) -> None:
         for layout, run in verdict.runs.items():
             bound = f"bound {verdict.loss_bound:g}" if verdict.loss_bound else "bit-identical"
             work = sum(1 for v in run["effects"].get(name, {}).values() if v)
-            print(
-                f"    {layout}: loss gap {run['max_loss_gap']:.3g}, grad-norm gap "
-                f"{run['max_norm_gap']:.3g} ({bound}); {work} counters moved",
-                file=out,
-            )
+            print(f"    {layout}: {_gaps(run)} ({bound}); {work} counters moved", file=out)
         for skipped in verdict.not_judged:
             print(f"    not judged {skipped['test']}: {skipped['why']}", file=out)
         for problem in verdict.problems:
             print(f"    problem: {problem}", file=out)
     for layout, run in result.all_on.items():
-        print(
-            f"- all on, {layout}: loss gap {run['max_loss_gap']:.3g}, grad-norm gap "
-            f"{run['max_norm_gap']:.3g}",
-            file=out,
-        )
+        print(f"- all on, {layout}: {_gaps(run)}", file=out)
     for problem in result.problems:
         print(f"  problem: {problem}", file=out)
     print(f"note: {UPSTREAM_NOT_RUN}", file=out)
     print("verdict: " + ("PASS" if result.passed else "FAIL"), file=out)
+
+
+def _gaps(run: dict[str, Any]) -> str:
+    return f"loss gap {run['max_loss_gap']:.3g}, grad-norm gap {run['max_norm_gap']:.3g}"
