@@ -6,6 +6,7 @@ user runs it."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -157,5 +158,46 @@ def test_titan_plugins_verify_passes_every_plugin_this_project_ships(tmp_path) -
             assert sorted(judged) == ["pp2xep2"], judged
         else:
             assert sorted(judged) == ["pp2xep2", "pp2xvpp2"], (name, judged)
-    assert found["differential"]["passed"] is True
+    assert found["differential"]["verdict"] == "PASS"
     assert found["seconds"] < 30 * 60  # the issue's budget for the default check on 2 cores
+
+
+def test_runs_the_budget_left_out_are_not_judged_and_never_pass() -> None:
+    ranks = [_rank({OFF: ([2.0], [1.0], {}), "+a": ([2.0], [1.0], {"a": {"n": 1.0}})})]
+    specs = {"a": selection.Differential(), "b": selection.Differential()}
+    verdicts, _, problems = judge(
+        {"pp2xep2": ranks}, ["a", "b"], specs, [("pp2xep2", "+b"), ("pp2xvpp2", OFF)]
+    )
+    assert verdicts["a"].label == "PASS" and verdicts["b"].label == "NOT JUDGED"
+    why = {"test": "differential:pp2xep2", "why": "not run: the time budget ran out"}
+    assert why in verdicts["b"].not_judged
+    assert {j["test"] for j in verdicts["a"].not_judged} == {"differential:pp2xvpp2"}
+    result = differential.DifferentialResult(verdicts, {}, problems, 1.0, ["pp2xep2 +b"])
+    assert result.passed and result.verdict == "INCOMPLETE"
+
+
+def test_a_folder_that_is_not_a_megatron_checkout_is_refused_by_name(tmp_path) -> None:
+    with pytest.raises(ValueError, match="not a Megatron-LM checkout"):
+        differential.run(["act_offload"], ["pp2xep2"], megatron_lm=str(tmp_path))
+
+
+MEGATRON_LM_DIR = os.environ.get("MEGATRON_LM_DIR", "")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(
+    not MEGATRON_LM_DIR,
+    reason="opt-in: MEGATRON_LM_DIR=<a Megatron-LM checkout> (command in docs/hosts.md)",
+)
+def test_verify_trains_with_a_megatron_lm_checkout(tmp_path) -> None:
+    report = tmp_path / "verify.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "titan_plugins.cli", "verify", "--megatron-lm", MEGATRON_LM_DIR,
+         "--json", str(report)],
+        capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    found = json.loads(report.read_text())
+    checkout = str(Path(MEGATRON_LM_DIR).resolve())
+    assert found["differential"]["megatron"].endswith(f"from {checkout}"), found["differential"]
+    assert all(entry["regressions"] == [] for entry in found["plugins"].values())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 STEPS, MICROBATCHES = 2, 4
@@ -49,9 +50,15 @@ def run_task(
 ) -> dict[str, Any]:
     """Worker task: train once per run; each run's losses, norms, effects change and failed
     patches on this rank."""
+    import megatron.core
     import torch
+    from megatron.core import package_info
 
-    out: dict[str, Any] = {"rank": torch.distributed.get_rank()}
+    where = Path(megatron.core.__file__).parent.parent.parent
+    out: dict[str, Any] = {
+        "rank": torch.distributed.get_rank(),
+        "megatron": f"megatron-core {package_info.__version__} from {where}",
+    }
     for name, plugins in runs:
         try:
             out[name] = _one_run(layout, plugins, plugin_specs)

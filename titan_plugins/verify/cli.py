@@ -2,11 +2,11 @@
 imports, before a job spends GPU hours on it.
 
 Today it runs the differential training check (:mod:`titan_plugins.verify.differential`) on the
-installed Megatron and prints, per plugin: each layout's largest loss and grad-norm gap from the
-run with every plugin off, the work it counted, and a verdict. Running the Megatron-LM checkout's
-own ``tests/unit_tests`` for each patched area, plugins off and on, is not built yet: it needs a
-checkout (the wheel ships no tests), and the output says so. The exit status is 1 when any
-plugin failed, 2 for bad arguments.
+installed Megatron, or on a checkout's (``--megatron-lm DIR``), and prints, per plugin: each
+layout's largest loss and grad-norm gap from the run with every plugin off, the work it counted,
+and a verdict. Running the checkout's own ``tests/unit_tests`` for each patched area, plugins off
+and on, is not built yet, and the output says so. The exit status is 0 when every plugin passed,
+1 when one failed, 2 for bad arguments, 3 when ``--budget-min`` left runs out (INCOMPLETE).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+EXIT = {"PASS": 0, "FAIL": 1, "INCOMPLETE": 3}
+"""Exit status per verdict (2: bad arguments)."""
 UPSTREAM_NOT_RUN = (
     "Megatron-LM's own unit tests were not run: they need a Megatron-LM checkout (the wheel "
     "ships none), and running them from one is not built yet"
@@ -36,6 +38,18 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     p.add_argument("--timeout-min", type=float, default=30.0, help="per training run (default: 30)")
+    p.add_argument(
+        "--budget-min",
+        type=float,
+        default=None,
+        help="start no training run after N minutes; the rest is reported as not run",
+    )
+    p.add_argument(
+        "--megatron-lm",
+        metavar="DIR",
+        default=None,
+        help="train with this Megatron-LM checkout's megatron instead of the installed one",
+    )
     return p
 
 
@@ -47,14 +61,20 @@ def main(argv: list[str]) -> int:
     names = [n for n in args.only.split(",") if n] or None
     layouts = [n for n in args.layouts.split(",") if n] or None
     try:
-        result = differential.run(names, layouts, timeout_s=args.timeout_min * 60)
+        result = differential.run(
+            names,
+            layouts,
+            timeout_s=args.timeout_min * 60,
+            budget_s=None if args.budget_min is None else args.budget_min * 60,
+            megatron_lm=args.megatron_lm,
+        )
     except ValueError as err:
         print(f"titan-plugins verify: {err}", file=sys.stderr)
         return 2
     print_table(result, sys.stdout)
     if args.json:
         Path(args.json).write_text(json.dumps(as_json(result), indent=2, default=str) + "\n")
-    return 0 if result.passed else 1
+    return EXIT[result.verdict]
 
 
 def as_json(result: Any) -> dict[str, Any]:
@@ -80,8 +100,9 @@ def as_json(result: Any) -> dict[str, Any]:
 def print_table(result: Any, out: TextIO) -> None:
     """One block per plugin, then the all-on runs and the verdict."""
     print(f"differential training check ({result.seconds:.0f} s)", file=out)
+    print(f"megatron: {result.megatron}", file=out)
     for name, verdict in result.plugins.items():
-        print(f"- {name}: {'PASS' if verdict.passed else 'FAIL'}", file=out)
+        print(f"- {name}: {verdict.label}", file=out)
         for layout, run in verdict.runs.items():
             bound = f"bound {verdict.loss_bound:g}" if verdict.loss_bound else "bit-identical"
             work = sum(1 for v in run["effects"].get(name, {}).values() if v)
@@ -94,8 +115,10 @@ def print_table(result: Any, out: TextIO) -> None:
         print(f"- all on, {layout}: {_gaps(run)}", file=out)
     for problem in result.problems:
         print(f"  problem: {problem}", file=out)
+    if result.not_run:
+        print(f"not run (time budget): {', '.join(result.not_run)}", file=out)
     print(f"note: {UPSTREAM_NOT_RUN}", file=out)
-    print("verdict: " + ("PASS" if result.passed else "FAIL"), file=out)
+    print(f"verdict: {result.verdict}", file=out)
 
 
 def _gaps(run: dict[str, Any]) -> str:

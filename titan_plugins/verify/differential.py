@@ -25,9 +25,13 @@ prints it.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import metadata, resources
+from pathlib import Path
 from typing import Any
 
 from titan_plugins.verify import selection
@@ -58,6 +62,13 @@ class PluginVerdict:
         """No problem found."""
         return not self.problems
 
+    @property
+    def label(self) -> str:
+        """FAIL (a problem), NOT JUDGED (no run judged it), PASS."""
+        if self.problems:
+            return "FAIL"
+        return "PASS" if self.runs else "NOT JUDGED"
+
 
 @dataclass
 class DifferentialResult:
@@ -67,11 +78,25 @@ class DifferentialResult:
     all_on: dict[str, dict[str, Any]]
     problems: list[str]
     seconds: float
+    not_run: list[str] = field(default_factory=list)
+    """``"<layout> <run>"`` left out by the time budget."""
+    megatron: str = ""
+    """The Megatron the workers trained with."""
 
     @property
     def passed(self) -> bool:
-        """Every plugin and the all-on run passed."""
+        """No plugin and no all-on run failed (see :attr:`verdict` for what was judged)."""
         return not self.problems and all(v.passed for v in self.plugins.values())
+
+    @property
+    def verdict(self) -> str:
+        """FAIL (a problem), INCOMPLETE (no problem, but runs left out or a plugin judged in
+        no layout), PASS."""
+        if not self.passed:
+            return "FAIL"
+        if self.not_run or any(v.label == "NOT JUDGED" for v in self.plugins.values()):
+            return "INCOMPLETE"
+        return "PASS"
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-serialisable."""
@@ -79,7 +104,10 @@ class DifferentialResult:
             "plugins": {name: asdict(v) for name, v in self.plugins.items()},
             "all_on": self.all_on,
             "problems": self.problems,
+            "not_run": self.not_run,
+            "megatron": self.megatron,
             "passed": self.passed,
+            "verdict": self.verdict,
             "seconds": round(self.seconds, 1),
         }
 
@@ -180,11 +208,19 @@ def judge(
     per_layout: dict[str, list[dict[str, Any]]],
     names: list[str],
     plugin_specs: dict[str, selection.Differential],
+    not_run: Sequence[tuple[str, str]] = (),
 ) -> tuple[dict[str, PluginVerdict], dict[str, dict[str, Any]], list[str]]:
     """Verdicts per plugin, the all-on run's summary and its problems."""
     verdicts = {name: PluginVerdict(name, plugin_specs[name].loss_bound) for name in names}
     all_on: dict[str, dict[str, Any]] = {}
     all_problems: list[str] = []
+    skipped = set(not_run)
+    for layout, name in not_run:
+        if name == OFF:  # nothing of the layout can be judged
+            for plugin in names:
+                verdicts[plugin].not_judged.append(
+                    {"test": f"differential:{layout}", "why": "not run: the time budget ran out"}
+                )
     for layout, ranks in per_layout.items():
         if OFF not in ranks[0]:
             all_problems.append(f"{layout}: the run with every plugin off failed: nothing judged")
@@ -194,6 +230,11 @@ def judge(
             if layout in spec.not_in_layouts:
                 verdicts[name].not_judged.append(
                     {"test": f"differential:{layout}", "why": spec.not_in_layouts[layout]}
+                )
+                continue
+            if (layout, f"+{name}") in skipped:
+                verdicts[name].not_judged.append(
+                    {"test": f"differential:{layout}", "why": "not run: the time budget ran out"}
                 )
                 continue
             if f"+{name}" not in ranks[0]:
@@ -232,9 +273,19 @@ def run(
     names: list[str] | None = None,
     layouts: list[str] | None = None,
     timeout_s: float = 1800.0,
+    budget_s: float | None = None,
+    megatron_lm: str | None = None,
 ) -> DifferentialResult:
     """Run the check for ``names`` (default: every installed plugin) in ``layouts`` (default:
-    both) on 4 local gloo workers; raises ``ValueError`` for an unknown plugin or layout."""
+    both) on 4 local gloo workers.
+
+    :param budget_s: start no run after this many seconds; the runs left are reported as not
+        run (their plugins as not judged there), never as passed.
+    :param megatron_lm: a Megatron-LM checkout whose ``megatron`` the workers import instead of
+        the installed one.
+    :raises ValueError: an unknown plugin or layout, a bad data file, or a folder that is not a
+        Megatron-LM checkout.
+    """
     from titan_plugins.testing.training_runs import run_task
     from titan_plugins.testing.workers import GlooWorkerPool
 
@@ -249,23 +300,68 @@ def run(
     bad = [layout for layout in layouts if layout not in LAYOUTS]
     if bad:
         raise ValueError(f"unknown layout {bad[0]!r}; layouts: {', '.join(LAYOUTS)}")
+    checkout = _checkout(megatron_lm) if megatron_lm else None
     declared = specs({n: plugins[n] for n in names})
     wire = {n: {"config": d.config, "env": d.env} for n, d in declared.items()}
     started = time.monotonic()
     per_layout: dict[str, list[dict[str, Any]]] = {}
-    # WORKER_ENV turns the automatic channel off: each run applies exactly its plugins
     failures: list[str] = []
-    for layout, name, on in plan_runs(names, layouts, declared):
-        # a fresh job per run, as a user's is: no plugin state (one-shot captures, counters,
-        # caches) survives from one run into the next
-        try:
-            with GlooWorkerPool(WORLD_SIZE) as pool:
-                ranks = pool.run(run_task, LAYOUTS[layout], [(name, on)], wire, timeout=timeout_s)
-        except Exception as err:  # a crashed or hung run fails the check, named
-            failures.append(f"{layout}: {str(err).splitlines()[0]}")
-            continue
-        merged = per_layout.setdefault(layout, [{} for _ in ranks])
-        for into, found in zip(merged, ranks):
-            into.update(found)
-    verdicts, all_on, problems = judge(per_layout, names, declared)
-    return DifferentialResult(verdicts, all_on, failures + problems, time.monotonic() - started)
+    not_run: list[tuple[str, str]] = []
+    with _on_sys_path(checkout):  # spawned workers start with this process's sys.path
+        for layout, name, on in plan_runs(names, layouts, declared):
+            if budget_s is not None and time.monotonic() - started > budget_s:
+                not_run.append((layout, name))
+                continue
+            # a fresh job per run, as a user's is: no plugin state (one-shot captures,
+            # counters, caches) survives from one run into the next; WORKER_ENV turns the
+            # automatic channel off, so each run applies exactly its plugins
+            try:
+                with GlooWorkerPool(WORLD_SIZE) as pool:
+                    ranks = pool.run(
+                        run_task, LAYOUTS[layout], [(name, on)], wire, timeout=timeout_s
+                    )
+            except Exception as err:  # a crashed or hung run fails the check, named
+                failures.append(f"{layout}: {str(err).splitlines()[0]}")
+                continue
+            merged = per_layout.setdefault(layout, [{} for _ in ranks])
+            for into, found in zip(merged, ranks):
+                into.update(found)
+    verdicts, all_on, problems = judge(per_layout, names, declared, not_run)
+    result = DifferentialResult(verdicts, all_on, failures + problems, time.monotonic() - started)
+    result.not_run = [f"{layout} {name}" for layout, name in not_run]
+    result.megatron = _megatron_seen(per_layout)
+    return result
+
+
+def _checkout(path: str) -> str:
+    """The checkout folder, checked: it must hold ``megatron/core/package_info.py``."""
+    folder = Path(path).expanduser().resolve()
+    if not (folder / "megatron" / "core" / "package_info.py").is_file():
+        raise ValueError(
+            f"{path}: not a Megatron-LM checkout (no megatron/core/package_info.py); pass the "
+            "folder that holds megatron/ and pretrain_gpt.py"
+        )
+    return str(folder)
+
+
+@contextlib.contextmanager
+def _on_sys_path(folder: str | None) -> Iterator[None]:
+    if folder is None:
+        yield
+        return
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        sys.path.remove(folder)
+
+
+def _megatron_seen(per_layout: dict[str, list[dict[str, Any]]]) -> str:
+    """Which Megatron the workers trained with (their ``megatron.core`` version and folder)."""
+    seen = {
+        rank.get("megatron", "")
+        for ranks in per_layout.values()
+        for rank in ranks
+        if rank.get("megatron")
+    }
+    return "; ".join(sorted(seen)) or "unknown (no run finished)"
