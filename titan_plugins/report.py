@@ -55,11 +55,7 @@ def _mark_inactive(entry: dict[str, Any]) -> None:
     # even where SGLang is installed or bundled) says nothing about whether the plugin works here
     # nor does an optional patch into a framework this process does not have (weight_sync's
     # slime patch in a plain torchrun job, whose trainer side is an API)
-    patches = [
-        p
-        for p in entry["patches"]
-        if not _other_host(p["target"]) and not (p.get("optional") and _absent(p["target"]))
-    ]
+    patches = [p for p in entry["patches"] if not _elsewhere(p)]
     if entry["state"] != ENABLED or not patches:
         return
     if all(p["status"] in (SKIPPED, FAILED, OTHER_LINE) for p in patches):
@@ -67,18 +63,28 @@ def _mark_inactive(entry: dict[str, Any]) -> None:
         entry["reason"] = f"no patch applies: {patches[0]['detail']}"
 
 
-def _other_host(target: str) -> bool:
-    """Whether ``target`` (``module:attr``) belongs to a host this process does not run."""
-    top = target.split(":", 1)[0].split(".", 1)[0]
+def _elsewhere(patch: dict[str, Any]) -> bool:
+    """Whether a patch record serves code this process does not run: a host it does not run,
+    or (an optional patch) a framework that is not installed here."""
+    top = _top_package(patch["target"])
+    return _other_host(top) or (bool(patch.get("optional")) and _absent(top))
+
+
+def _top_package(target: str) -> str:
+    """``module:attr`` -> the module's top-level package."""
+    return target.split(":", 1)[0].split(".", 1)[0]
+
+
+def _other_host(top: str) -> bool:
+    """Whether the package ``top`` belongs to a host this process does not run."""
     for host in HOSTS.values():
         if host.PACKAGE.split(".", 1)[0] == top:
             return not host.here()
     return False
 
 
-def _absent(target: str) -> bool:
-    """Whether the top-level package of ``target`` cannot be found here (nothing imported)."""
-    top = target.split(":", 1)[0].split(".", 1)[0]
+def _absent(top: str) -> bool:
+    """Whether the top-level package ``top`` cannot be found here (nothing imported)."""
     try:
         return importlib.util.find_spec(top) is None
     except (ImportError, ValueError):

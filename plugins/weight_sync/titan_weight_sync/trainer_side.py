@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
@@ -45,6 +46,7 @@ from titan_weight_sync.settings import SECRET_FILE, STAGING_BYTES, WeightSyncSet
 from titan_weight_sync.streaming import StreamingWriter
 
 logger = logging.getLogger("titan_plugins.weight_sync")
+T = TypeVar("T")
 OWNER = "weight_sync.staging"
 
 
@@ -167,7 +169,7 @@ class LandingWriter:
                 ) from None
 
         def write(local: list[int], offsets: list[int], lengths: list[int]) -> None:
-            _each(list(landings.engines), lambda t: write_one(t, local, offsets, lengths))
+            _each(landings.engines, lambda t: write_one(t, local, offsets, lengths))
 
         digests = writer.run(slots, tensors, write)
         written = sum(slot.nbytes for slot in slots) * len(landings.engines)
@@ -263,12 +265,7 @@ class WeightSync:
         secret = self._secret()
         try:
             slots = targets[0].slots
-            missing = [slot.name for slot in slots if slot.name not in digests]
-            if missing:
-                raise WeightSyncError(
-                    f"weight_sync: {len(missing)} tensor(s) the engines serve were not written: "
-                    f"{missing[:5]}; a sync replaces the whole model"
-                )
+            missing_check(digests, slots, "written")
             ordered = [(slot.name, digests[slot.name]) for slot in slots]
             _each(targets, lambda target: self._commit(secret, target, version, ordered))
         except BaseException:
@@ -359,12 +356,15 @@ class WeightSync:
                     logger.warning("weight_sync: leaving %s serving: %s", target.api.url, err)
 
 
-def missing_check(weights: Mapping[str, torch.Tensor], slots: tuple[layout.Slot, ...]) -> None:
-    """Refuses a full set of weights that lacks a tensor the engines serve."""
-    missing = sorted({slot.name for slot in slots} - set(weights))
+def missing_check(
+    names: Collection[str], slots: Sequence[layout.Slot], done: str = "given"
+) -> None:
+    """Refuses a full set of weights (or of digests: ``done="written"``) that lacks a tensor the
+    engines serve."""
+    missing = sorted({slot.name for slot in slots} - set(names))
     if missing:
         raise WeightSyncError(
-            f"weight_sync: {len(missing)} tensor(s) the engines serve were not given: "
+            f"weight_sync: {len(missing)} tensor(s) the engines serve were not {done}: "
             f"{missing[:5]}; a sync replaces the whole model"
         )
 
@@ -396,7 +396,7 @@ def checked_part(
     return part, [weights[slot.name] for slot in part]
 
 
-def _each(targets: list[_Target], step: Callable[[_Target], None]) -> None:
+def _each(targets: Sequence[T], step: Callable[[T], None]) -> None:
     """``step`` for every engine at once (engines are separate machines: one engine's load or
     write must not wait for another's); the first error is raised after all have finished."""
     if len(targets) == 1:
