@@ -40,6 +40,7 @@ import pytest
 import torch
 
 from titan_plugins.manager import FIRST_PARTY
+from titan_plugins.verify import differential
 
 pytestmark = pytest.mark.multiprocess
 
@@ -241,10 +242,12 @@ def _answers_effects(plugin: str) -> bool:
     return hasattr(ep.load(), "titan_effects")
 
 
-# Plugins with no work in a training step: they act when something outside the step calls them.
+# Plugins with no work in a training step (they act when something outside the step calls them),
+# as their data files declare it for titan-plugins verify.
 OUTSIDE_THE_STEP = {
-    "weight_sync": "acts when an RL framework syncs weights into rollout engines between steps "
-    "(plugins/weight_sync/tests/test_weight_sync_engine.py counts its work)",
+    name
+    for name, spec in differential.specs(differential.installed_plugins()).items()
+    if spec.outside_the_step
 }
 
 

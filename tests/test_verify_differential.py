@@ -130,7 +130,9 @@ def test_verify_names_a_plugin_that_perturbs_the_numbers_and_one_that_does_nothi
     assert not result.passed
     perturb, idle = result.plugins["verify_perturb"], result.plugins["verify_idle"]
     assert perturb.problems and "losses differ from the off run" in perturb.problems[0]
-    assert perturb.runs["pp2xep2"]["max_loss_gap"] > 1e-3
+    # 1% on every column-parallel output moves the loss by about 1e-3 relative (9.0e-4 on one
+    # machine, more on another: bf16 CPU kernels differ); anything above 0 is named
+    assert perturb.runs["pp2xep2"]["max_loss_gap"] > 1e-4
     assert perturb.runs["pp2xep2"]["effects"]["verify_perturb"]["router"] > 0
     # the idle plugin changed nothing (bit-identical) and is named for doing nothing
     assert idle.runs["pp2xep2"]["max_loss_gap"] == 0.0
