@@ -1,12 +1,15 @@
 """``titan-plugins verify``: check the installed plugins against the Megatron this environment
 imports, before a job spends GPU hours on it.
 
-Today it runs the differential training check (:mod:`titan_plugins.verify.differential`) on the
-installed Megatron, or on a checkout's (``--megatron-lm DIR``), and prints, per plugin: each
-layout's largest loss and grad-norm gap from the run with every plugin off, the work it counted,
-and a verdict. Running the checkout's own ``tests/unit_tests`` for each patched area, plugins off
-and on, is not built yet, and the output says so. The exit status is 0 when every plugin passed,
-1 when one failed, 2 for bad arguments, 3 when ``--budget-min`` left runs out (INCOMPLETE).
+With ``--megatron-lm DIR`` it first runs the checkout's own ``tests/unit_tests`` files that cover
+each plugin's patch targets, plugins off and on, on CPU and gloo at the world sizes the files
+are written for (:mod:`titan_plugins.verify.upstream`). Then, with or without a checkout, the
+differential training check (:mod:`titan_plugins.verify.differential`) trains with that
+checkout's megatron (or the installed one). It prints, per plugin: the upstream tests selected,
+run and passed in each mode, the regressions and what was not judged; each layout's largest loss
+and grad-norm gap from the run with every plugin off and the work it counted; and a verdict.
+The exit status is 0 when every plugin passed, 1 when one failed, 2 for bad arguments, 3 when
+``--budget-min`` left runs out (INCOMPLETE).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -21,101 +26,160 @@ EXIT = {"PASS": 0, "FAIL": 1, "INCOMPLETE": 3}
 """Exit status per verdict (2: bad arguments)."""
 UPSTREAM_NOT_RUN = (
     "Megatron-LM's own unit tests were not run: they need a Megatron-LM checkout (the wheel "
-    "ships none), and running them from one is not built yet"
+    "ships none); pass --megatron-lm DIR"
 )
-UPSTREAM_NOT_BUILT = (
-    "the checkout's own unit tests were not run: running them is not built yet (only the "
-    "differential check trained with its megatron)"
-)
+REASONS_SHOWN = 3
+"""The most frequent reasons a plugin's upstream tests were not judged, printed per plugin (the
+JSON has every test)."""
 
 
 def parser() -> argparse.ArgumentParser:
     """The ``verify`` arguments."""
     p = argparse.ArgumentParser(
         prog="titan-plugins verify",
-        description="Train a tiny MoE GPT on the installed Megatron with every plugin off, each "
+        description="With --megatron-lm, run the checkout's own unit tests for every patched "
+        "area with the plugins off and on; then train a tiny MoE GPT with every plugin off, each "
         "alone and all on (4 local gloo processes, CPU) and judge each plugin.",
     )
     p.add_argument("--only", default="", help="comma list of plugins (default: every installed)")
     p.add_argument(
         "--layouts", default="", help="comma list of layouts: pp2xep2, pp2xvpp2 (default: both)"
     )
+    p.add_argument(
+        "--world-sizes",
+        default="",
+        help="comma list: run the upstream tests only at these numbers of ranks (default: the "
+        "ones each test file is written for)",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
-    p.add_argument("--timeout-min", type=float, default=30.0, help="per training run (default: 30)")
+    p.add_argument(
+        "--timeout-min",
+        type=float,
+        default=30.0,
+        help="per training run and per upstream test job (default: 30)",
+    )
     p.add_argument(
         "--budget-min",
         type=float,
         default=None,
-        help="start no training run after N minutes; the rest is reported as not run",
+        help="start no run or test job after N minutes; the rest is reported as not run",
     )
     p.add_argument(
         "--megatron-lm",
         metavar="DIR",
         default=None,
-        help="train with this Megatron-LM checkout's megatron instead of the installed one",
+        help="a Megatron-LM checkout: run its unit tests, and train with its megatron instead of "
+        "the installed one",
     )
     return p
 
 
+def world_sizes(text: str) -> list[int] | None:
+    """``--world-sizes``: None when empty.
+
+    :raises ValueError: a value that is not a positive whole number.
+    """
+    sizes = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if not part.isdigit() or int(part) < 1:
+            raise ValueError(f"--world-sizes: {part!r} is not a number of ranks (e.g. 1,2,4,8)")
+        sizes.append(int(part))
+    return sizes or None
+
+
 def main(argv: list[str]) -> int:
-    """Run the check; print the table; 0 when every plugin passed."""
-    from titan_plugins.verify import differential
+    """Run the checks; print the table; 0 when every plugin passed."""
+    from titan_plugins.verify import differential, upstream
 
     args = parser().parse_args(argv)
     names = [n for n in args.only.split(",") if n] or None
     layouts = [n for n in args.layouts.split(",") if n] or None
+    budget_s = None if args.budget_min is None else args.budget_min * 60
+    started = time.monotonic()
+    tests = None
     try:
+        sizes = world_sizes(args.world_sizes)
+        if args.megatron_lm:
+            checkout = Path(differential.checkout(args.megatron_lm))
+            packages = differential.chosen(names)
+            tests = upstream.run(packages, checkout, sizes, args.timeout_min * 60, budget_s)
+        left = None if budget_s is None else max(0.0, budget_s - (time.monotonic() - started))
         result = differential.run(
-            names,
-            layouts,
-            timeout_s=args.timeout_min * 60,
-            budget_s=None if args.budget_min is None else args.budget_min * 60,
-            megatron_lm=args.megatron_lm,
+            names, layouts, args.timeout_min * 60, left, megatron_lm=args.megatron_lm
         )
     except ValueError as err:
         print(f"titan-plugins verify: {err}", file=sys.stderr)
         return 2
-    upstream = UPSTREAM_NOT_BUILT if args.megatron_lm else UPSTREAM_NOT_RUN
-    print_table(result, sys.stdout, upstream)
+    print_table(result, sys.stdout, tests)
     if args.json:
-        document = as_json(result, upstream)
+        document = as_json(result, tests)
         Path(args.json).write_text(json.dumps(document, indent=2, default=str) + "\n")
-    return EXIT[result.verdict]
+    return EXIT[verdict(result, tests)]
 
 
-def as_json(result: Any, upstream: str = UPSTREAM_NOT_RUN) -> dict[str, Any]:
-    """The JSON document: per plugin, the upstream-test counts (none run yet), its regressions
-    (the differential check's failures) and what was not judged; the check itself."""
+def verdict(result: Any, tests: Any = None) -> str:
+    """The whole run: FAIL (a regression or a differential problem), INCOMPLETE (runs or test
+    jobs left out by the budget), PASS."""
+    regressed = tests is not None and any(p.regressions for p in tests.plugins.values())
+    if result.verdict == "FAIL" or regressed:
+        return "FAIL"
+    if result.verdict == "INCOMPLETE" or (tests is not None and tests.not_run):
+        return "INCOMPLETE"
+    return "PASS"
+
+
+def as_json(result: Any, tests: Any = None) -> dict[str, Any]:
+    """The JSON document: per plugin, the upstream-test counts, its regressions (upstream tests
+    and the differential check's failures) and what was not judged; both checks in full."""
     plugins = {}
-    for name, verdict in result.plugins.items():
+    for name, judged in result.plugins.items():
+        mine = tests.plugins.get(name) if tests is not None else None
+        counts = {
+            key: getattr(mine, key) if mine else 0
+            for key in ("selected", "ran_off", "ran_on", "passed_off", "passed_on")
+        }
         plugins[name] = {
-            "selected": 0,
-            "ran_off": 0,
-            "ran_on": 0,
-            "passed_off": 0,
-            "passed_on": 0,
-            "regressions": [f"differential: {p}" for p in verdict.problems],
+            **counts,
+            "regressions": [
+                *(mine.regressions if mine else []),
+                *(f"differential: {p}" for p in judged.problems),
+            ],
             "not_judged": [
-                *verdict.not_judged,
-                {"test": "megatron_lm_tests", "why": upstream},
+                *(
+                    mine.not_judged
+                    if mine
+                    else [{"test": "megatron_lm_tests", "why": UPSTREAM_NOT_RUN}]
+                ),
+                *judged.not_judged,
             ],
         }
-    return {"plugins": plugins, "differential": result.as_dict(), "seconds": result.seconds}
+    return {
+        "plugins": plugins,
+        "upstream": tests.as_dict() if tests is not None else None,
+        "differential": result.as_dict(),
+        "verdict": verdict(result, tests),
+        "seconds": result.seconds + (tests.seconds if tests is not None else 0.0),
+    }
 
 
-def print_table(result: Any, out: TextIO, upstream: str = UPSTREAM_NOT_RUN) -> None:
-    """One block per plugin, then the all-on runs and the verdict."""
+def print_table(result: Any, out: TextIO, tests: Any = None) -> None:
+    """The upstream tests per plugin (with a checkout), then the differential check: one block
+    per plugin, the all-on runs; then the verdict."""
+    if tests is not None:
+        print_upstream(tests, out)
     print(f"differential training check ({result.seconds:.0f} s)", file=out)
     print(f"megatron: {result.megatron}", file=out)
-    for name, verdict in result.plugins.items():
-        print(f"- {name}: {verdict.label}", file=out)
-        for layout, run in verdict.runs.items():
-            bound = f"bound {verdict.loss_bound:g}" if verdict.loss_bound else "bit-identical"
+    for name, judged in result.plugins.items():
+        print(f"- {name}: {judged.label}", file=out)
+        for layout, run in judged.runs.items():
+            bound = f"bound {judged.loss_bound:g}" if judged.loss_bound else "bit-identical"
             work = sum(1 for v in run["effects"].get(name, {}).values() if v)
             print(f"    {layout}: {_gaps(run)} ({bound}); {work} counters moved", file=out)
-        for skipped in verdict.not_judged:
+        for skipped in judged.not_judged:
             print(f"    not judged {skipped['test']}: {skipped['why']}", file=out)
-        for problem in verdict.problems:
+        for problem in judged.problems:
             print(f"    problem: {problem}", file=out)
     for layout, run in result.all_on.items():
         print(f"- all on, {layout}: {_gaps(run)}", file=out)
@@ -123,8 +187,37 @@ def print_table(result: Any, out: TextIO, upstream: str = UPSTREAM_NOT_RUN) -> N
         print(f"  problem: {problem}", file=out)
     if result.not_run:
         print(f"not run (time budget): {', '.join(result.not_run)}", file=out)
-    print(f"note: {upstream}", file=out)
-    print(f"verdict: {result.verdict}", file=out)
+    if tests is None:
+        print(f"note: {UPSTREAM_NOT_RUN}", file=out)
+    print(f"verdict: {verdict(result, tests)}", file=out)
+
+
+def print_upstream(tests: Any, out: TextIO) -> None:
+    """Per plugin: counts per mode, every regression, the commonest reasons not judged."""
+    print(f"Megatron-LM unit tests, plugins off vs on ({tests.seconds:.0f} s)", file=out)
+    for name, mine in tests.plugins.items():
+        print(
+            f"- {name}: {mine.verdict}: {mine.selected} selected; off: {mine.passed_off}/"
+            f"{mine.ran_off} passed; on: {mine.passed_on}/{mine.ran_on} passed; "
+            f"{len(mine.regressions)} regressions; {len(mine.not_judged)} not judged",
+            file=out,
+        )
+        for regression in mine.regressions:
+            print(f"    regression: {regression}", file=out)
+        reasons = Counter(_reason(entry["why"]) for entry in mine.not_judged)
+        for why, count in reasons.most_common(REASONS_SHOWN):
+            print(f"    not judged ({count}): {why}", file=out)
+    for job in tests.launches:
+        if job.problem:
+            print(f"  {job.world_size} ranks, plugins {job.mode}: {job.problem}", file=out)
+            print("    " + job.log_tail.rstrip().replace("\n", "\n    "), file=out)
+    if tests.not_run:
+        print(f"not run (time budget): {'; '.join(tests.not_run)}", file=out)
+
+
+def _reason(why: str) -> str:
+    """A not-judged reason without its rank prefix, cut to one line (for counting)."""
+    return why.split(": ", 1)[1] if why.startswith("rank ") else why
 
 
 def _gaps(run: dict[str, Any]) -> str:

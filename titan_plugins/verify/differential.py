@@ -30,10 +30,11 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from importlib import metadata, resources
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from titan_plugins import manager
 from titan_plugins.verify import selection
 
 LAYOUTS: dict[str, dict[str, int]] = {
@@ -113,11 +114,35 @@ class DifferentialResult:
 
 
 def installed_plugins() -> dict[str, str]:
-    """Plugin name -> its package (``titan_plugins`` entry points)."""
-    return {
-        ep.name: ep.value.split(":", 1)[0].split(".", 1)[0]
-        for ep in metadata.entry_points(group="titan_plugins")
-    }
+    """Plugin name -> its top-level package, for the plugins the registry discovers."""
+    return {ep.name: ep.value.split(":", 1)[0].split(".", 1)[0] for ep in manager.discover()}
+
+
+def runs_in(
+    layout: str, names: list[str], plugin_specs: dict[str, selection.Differential]
+) -> list[str]:
+    """The plugins of ``names`` that can run in ``layout`` (the others declare why not)."""
+    return [n for n in names if layout not in plugin_specs[n].not_in_layouts]
+
+
+def _out_of_time(layout: str) -> dict[str, str]:
+    """The ``not_judged`` entry of a run the time budget left out."""
+    return {"test": f"differential:{layout}", "why": "not run: the time budget ran out"}
+
+
+def chosen(names: list[str] | None) -> dict[str, str]:
+    """``names`` (default: every installed plugin, sorted) -> their packages.
+
+    :raises ValueError: a name that is not installed (the message lists what is).
+    """
+    plugins = installed_plugins()
+    names = sorted(plugins) if names is None else list(names)
+    unknown = [n for n in names if n not in plugins]
+    if unknown:
+        raise ValueError(
+            f"not installed: {', '.join(unknown)}; installed: {', '.join(sorted(plugins))}"
+        )
+    return {n: plugins[n] for n in names}
 
 
 def specs(plugins: dict[str, str]) -> dict[str, selection.Differential]:
@@ -149,7 +174,7 @@ def plan_runs(
     out the plugins that declare they cannot run in it."""
     runs = []
     for layout in layouts:
-        here = [n for n in names if layout not in plugin_specs[n].not_in_layouts]
+        here = runs_in(layout, names, plugin_specs)
         runs.append((layout, OFF, []))
         runs += [(layout, f"+{name}", [name]) for name in here]
         if len(here) > 1:
@@ -218,9 +243,7 @@ def judge(
     for layout, name in not_run:
         if name == OFF:  # nothing of the layout can be judged
             for plugin in names:
-                verdicts[plugin].not_judged.append(
-                    {"test": f"differential:{layout}", "why": "not run: the time budget ran out"}
-                )
+                verdicts[plugin].not_judged.append(_out_of_time(layout))
     for layout, ranks in per_layout.items():
         if OFF not in ranks[0]:
             all_problems.append(f"{layout}: the run with every plugin off failed: nothing judged")
@@ -233,9 +256,7 @@ def judge(
                 )
                 continue
             if (layout, f"+{name}") in skipped:
-                verdicts[name].not_judged.append(
-                    {"test": f"differential:{layout}", "why": "not run: the time budget ran out"}
-                )
+                verdicts[name].not_judged.append(_out_of_time(layout))
                 continue
             if f"+{name}" not in ranks[0]:
                 verdicts[name].problems.append(f"{layout}: training with it alone failed")
@@ -251,7 +272,7 @@ def judge(
                     "(titan_effects unchanged)"
                 )
         if ALL in ranks[0]:
-            here = [n for n in names if layout not in plugin_specs[n].not_in_layouts]
+            here = runs_in(layout, names, plugin_specs)
             loss_bound = sum(plugin_specs[n].loss_bound for n in here)
             norm_bound = sum(plugin_specs[n].norm_bound for n in here)
             summary, problems = _judge_run(ranks, ALL, here, loss_bound, norm_bound)
@@ -289,25 +310,20 @@ def run(
     from titan_plugins.testing.training_runs import run_task
     from titan_plugins.testing.workers import GlooWorkerPool
 
-    plugins = installed_plugins()
-    names = sorted(plugins) if names is None else list(names)
-    unknown = [n for n in names if n not in plugins]
-    if unknown:
-        raise ValueError(
-            f"not installed: {', '.join(unknown)}; installed: {', '.join(sorted(plugins))}"
-        )
+    plugins = chosen(names)
+    names = list(plugins)
     layouts = list(LAYOUTS) if layouts is None else list(layouts)
     bad = [layout for layout in layouts if layout not in LAYOUTS]
     if bad:
         raise ValueError(f"unknown layout {bad[0]!r}; layouts: {', '.join(LAYOUTS)}")
-    checkout = _checkout(megatron_lm) if megatron_lm else None
-    declared = specs({n: plugins[n] for n in names})
+    checkout_dir = checkout(megatron_lm) if megatron_lm else None
+    declared = specs(plugins)
     wire = {n: {"config": d.config, "env": d.env} for n, d in declared.items()}
     started = time.monotonic()
     per_layout: dict[str, list[dict[str, Any]]] = {}
     failures: list[str] = []
     not_run: list[tuple[str, str]] = []
-    with _on_sys_path(checkout):  # spawned workers start with this process's sys.path
+    with _on_sys_path(checkout_dir):  # spawned workers start with this process's sys.path
         for layout, name, on in plan_runs(names, layouts, declared):
             if budget_s is not None and time.monotonic() - started > budget_s:
                 not_run.append((layout, name))
@@ -333,7 +349,7 @@ def run(
     return result
 
 
-def _checkout(path: str) -> str:
+def checkout(path: str) -> str:
     """The checkout folder, checked: it must hold ``megatron/core/package_info.py``."""
     folder = Path(path).expanduser().resolve()
     if not (folder / "megatron" / "core" / "package_info.py").is_file():

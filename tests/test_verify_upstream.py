@@ -1,0 +1,312 @@
+"""``titan-plugins verify``'s upstream-test runner: how it plans, merges ranks and judges (on
+synthetic outcomes), and, on a fixture checkout of upstream-style test files run as it runs a
+Megatron-LM checkout's, that it names the tests a deliberately broken plugin fails and passes a
+plugin that changes no number."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import megatron.core
+import pytest
+
+from titan_plugins.verify import cli, upstream
+from titan_plugins.verify.upstream import (
+    FAILED,
+    OFF,
+    ON,
+    PASSED,
+    SKIPPED,
+    Launch,
+    Outcome,
+    Plan,
+    judge,
+    merge,
+)
+
+FIXTURES = Path(__file__).parent / "verify_fixtures"
+CHECKOUT = FIXTURES / "upstream_checkout"
+LAYERS = "tests/unit_tests/test_fixture_layers.py"
+ROUTER = "tests/unit_tests/test_fixture_router.py"
+VALUE_TEST = (
+    f"{LAYERS}::TestColumnParallelLinear::test_output_is_the_input_times_the_gathered_weight"
+)
+ROUTER_TEST = f"{ROUTER}::TestTopKRouter::test_gating_is_the_linear_map_of_the_input"
+SELECTION = {
+    "megatron_lm_tests": {
+        LAYERS: {"covers": ["x.linear"], "world_sizes": [1, 2]},
+        ROUTER: {"covers": ["x.router"]},
+    },
+    "not_covered": {},
+}
+
+
+# ---------------------------------------------------------------------------- merging and judging
+def test_a_test_fails_when_any_rank_fails_it_or_never_reaches_it() -> None:
+    ranks = [
+        {"a": Outcome(PASSED), "b": Outcome(PASSED), "c": Outcome(SKIPPED, "needs TE")},
+        {"a": Outcome(PASSED), "b": Outcome(FAILED, "E boom"), "c": Outcome(SKIPPED, "needs TE")},
+        {"a": Outcome(PASSED), "c": Outcome(SKIPPED, "needs TE")},
+    ]
+    merged = merge(ranks)
+    assert merged["a"] == Outcome(PASSED)
+    assert merged["b"] == Outcome(FAILED, "rank 1: E boom")
+    assert merged["c"] == Outcome(SKIPPED, "rank 0: needs TE")
+    assert merge([{"a": Outcome(PASSED)}, {}])["a"] == Outcome(
+        FAILED, "rank 1: never reached on this rank"
+    )
+
+
+def _job(size: int, mode: str, outcomes: dict[str, Outcome], plugins: dict | None = None) -> Launch:
+    enabled = {"p": {"state": "enabled", "applied": ["p.x"], "failed": []}}
+    job = Launch(size, mode, [LAYERS], outcomes)
+    job.plugins = {} if mode == OFF else enabled if plugins is None else plugins
+    job.states_seen = True
+    return job
+
+
+def test_judge_counts_each_mode_and_names_regressions_and_what_it_cannot_judge() -> None:
+    t = f"{LAYERS}::t"
+    off = {
+        f"{t}1": Outcome(PASSED),
+        f"{t}2": Outcome(PASSED),
+        f"{t}3": Outcome(SKIPPED, "needs TE"),
+        f"{t}4": Outcome(FAILED, "cpu != cuda"),
+        f"{t}5": Outcome(SKIPPED, "needs DeepEP"),
+        f"{t}6": Outcome(PASSED),
+        f"{t}7": Outcome(SKIPPED, "needs DeepEP"),
+    }
+    on = {
+        f"{t}1": Outcome(PASSED),
+        f"{t}2": Outcome(FAILED, "values differ"),
+        f"{t}3": Outcome(SKIPPED, "needs TE"),
+        f"{t}4": Outcome(FAILED, "cpu != cuda"),
+        f"{t}5": Outcome(FAILED, "dispatch broke"),
+        # t6: never reached with the plugins on (the job hung)
+        f"{t}7": Outcome(PASSED),
+        "other.py::t": Outcome(FAILED, "not this plugin's file"),
+    }
+    plan = Plan({1: [LAYERS]}, {"p": [(LAYERS, 1)]}, {"p": [{"test": ROUTER, "why": "absent"}]})
+    found = judge("p", plan, {(1, OFF): _job(1, OFF, off), (1, ON): _job(1, ON, on)}, set())
+    assert (found.selected, found.ran_off, found.passed_off) == (7, 4, 3)
+    assert (found.ran_on, found.passed_on) == (5, 2)
+    assert found.regressions == [
+        f"{t}2 [1 ranks]: values differ",
+        f"{t}5 [1 ranks]: runs only with the plugins on, and fails: dispatch broke",
+        f"{t}6 [1 ranks]: never reached: the run with the plugins on hung or crashed",
+    ]
+    assert found.not_judged == [
+        {"test": ROUTER, "why": "absent"},
+        {"test": f"{t}3 [1 ranks]", "why": "skipped: needs TE"},
+        {"test": f"{t}4 [1 ranks]", "why": "fails with the plugins off too: cpu != cuda"},
+        {
+            "test": f"{t}7 [1 ranks]",
+            "why": "skipped with the plugins off (needs DeepEP); passes with them on",
+        },
+    ]
+    assert found.verdict == "FAIL"
+
+
+def test_a_plugin_not_enabled_or_with_failed_patches_in_the_on_job_is_a_regression() -> None:
+    plan = Plan({1: [LAYERS]}, {"p": [(LAYERS, 1)]}, {})
+    same = {f"{LAYERS}::t": Outcome(PASSED)}
+
+    def judged(plugins: dict) -> list[str]:
+        jobs = {(1, OFF): _job(1, OFF, same), (1, ON): _job(1, ON, same, plugins)}
+        return judge("p", plan, jobs, set()).regressions
+
+    assert judged({}) == [
+        "upstream run [1 ranks]: the plugin was not enabled with the plugins on (not loaded)"
+    ]
+    assert judged({"p": {"state": "disabled", "applied": [], "failed": []}}) == [
+        "upstream run [1 ranks]: the plugin was not enabled with the plugins on (disabled)"
+    ]
+    assert judged({"p": {"state": "enabled", "applied": [], "failed": ["p.x"]}}) == [
+        "upstream run [1 ranks]: patches failed: p.x"
+    ]
+    assert judge("p", plan, {}, {1}).not_judged == [
+        {"test": f"{LAYERS} [1 ranks]", "why": "not run: the time budget ran out"}
+    ]
+
+
+def _package(root: Path, name: str, module: str, selection: dict) -> None:
+    """A plugin package on ``root`` (its hooks from a fixture module) with a data file."""
+    (root / name).mkdir()
+    (root / name / "__init__.py").write_text(f"from {module} import *  # noqa: F403\n")
+    (root / name / "upstream_tests.json").write_text(json.dumps(selection))
+
+
+def test_plan_runs_each_file_at_its_world_sizes_and_says_what_it_leaves_out(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    gone = "tests/unit_tests/test_gone.py"
+    selection = {**SELECTION, "megatron_lm_tests": {**SELECTION["megatron_lm_tests"], gone: {"covers": ["x"]}}}  # fmt: skip
+    _package(tmp_path, "titan_verify_plan_a", "titan_verify_idle", selection)
+    packages = {"a": "titan_verify_plan_a", "b": "json"}  # json ships no data file
+    plan = upstream.plan(packages, CHECKOUT)
+    assert plan.launches == {1: [LAYERS, ROUTER], 2: [LAYERS]}
+    assert plan.judged_on["a"] == [(LAYERS, 1), (LAYERS, 2), (ROUTER, 1)]
+    assert plan.not_judged["a"] == [{"test": gone, "why": "not in this checkout"}]
+    assert plan.not_judged["b"] == [
+        {"test": "megatron_lm_tests", "why": "json ships no upstream_tests.json"}
+    ]
+    only_two = upstream.plan(packages, CHECKOUT, [2])
+    assert only_two.launches == {2: [LAYERS]}
+    assert {"test": ROUTER, "why": "written for 1 ranks; --world-sizes gave 2"} in (
+        only_two.not_judged["a"]
+    )
+
+
+@pytest.mark.parametrize("text", ["0", "two", "1,-2"])
+def test_world_sizes_that_are_not_numbers_of_ranks_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="is not a number of ranks"):
+        cli.world_sizes(text)
+
+
+# ---------------------------------------------------------------------------- running
+def _install(root: Path) -> None:
+    """The two broken fixture plugins, as packages with data files selecting the fixture
+    checkout's tests, discoverable by entry point from ``root``."""
+    _package(root, "titan_verify_perturb_up", "titan_verify_perturb", SELECTION)
+    _package(root, "titan_verify_idle_up", "titan_verify_idle", SELECTION)
+    info = root / "titan_verify_upstream_fixtures-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: titan-verify-upstream-fixtures\n"
+                                   "Version: 0.1\n")  # fmt: skip
+    (info / "entry_points.txt").write_text(
+        "[titan_plugins]\nverify_perturb = titan_verify_perturb_up\n"
+        "verify_idle = titan_verify_idle_up\n"
+    )
+
+
+@pytest.fixture
+def fixture_plugins(tmp_path, monkeypatch) -> Path:
+    """The fixture plugins on this process's path and on its workers' (``PYTHONPATH``)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    _install(site)
+    path = [str(site), str(FIXTURES)]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([*path, os.environ.get("PYTHONPATH", "")]))
+    for entry in reversed(path):
+        monkeypatch.syspath_prepend(entry)
+    return site
+
+
+@pytest.mark.multiprocess
+def test_upstream_tests_name_what_a_plugin_that_changes_the_numbers_breaks(
+    fixture_plugins,
+) -> None:
+    result = upstream.run(
+        {"verify_perturb": "titan_verify_perturb_up", "verify_idle": "titan_verify_idle_up"},
+        CHECKOUT,
+    )
+    perturb, idle = result.plugins["verify_perturb"], result.plugins["verify_idle"]
+    # both plugins were on together in the on jobs: each is judged on its own files (the same
+    # here), so both see the perturbed numbers; the runs below separate them
+    assert [j.as_dict()["plugins"]["verify_perturb"]["state"] for j in result.launches if j.mode == ON] == ["enabled", "enabled"]  # fmt: skip
+    assert perturb.regressions == idle.regressions
+    assert perturb.regressions == [
+        f"{VALUE_TEST} [1 ranks]: AssertionError: Tensor-likes are not close!",
+        f"{VALUE_TEST} [2 ranks]: rank 0: AssertionError: Tensor-likes are not close!",
+        f"{ROUTER_TEST} [1 ranks]: AssertionError: Tensor-likes are not close!",
+    ]
+    # 3 layer tests judged at 1 and 2 ranks, the router test at 1; a skip and a test the CPU
+    # harness cannot serve at each size are not judged
+    assert (perturb.selected, perturb.ran_off, perturb.passed_off, perturb.passed_on) == (
+        11,
+        9,
+        7,
+        4,
+    )
+    assert sorted(j["why"] for j in perturb.not_judged) == [
+        "fails with the plugins off too: AssertionError: assert 'cpu' == 'cuda'",
+        "fails with the plugins off too: rank 0: AssertionError: assert 'cpu' == 'cuda'",
+        "skipped: Skipped: needs Transformer Engine",
+        "skipped: rank 0: Skipped: needs Transformer Engine",
+    ]
+
+
+@pytest.mark.multiprocess
+def test_a_test_that_hangs_fails_as_hung_and_the_job_goes_on_without_it(monkeypatch) -> None:
+    monkeypatch.setenv("TITAN_VERIFY_FIXTURE_HANG", "1")
+    job = upstream.launch(
+        CHECKOUT, [LAYERS, ROUTER], 1, OFF, {"TITAN_PLUGINS": "0"}, timeout_s=900, stall_s=45
+    )
+    hang = f"{LAYERS}::TestColumnParallelLinear::test_a_hang_when_asked"
+    assert job.outcomes[hang].status == FAILED
+    assert job.outcomes[hang].why.startswith("hung: no rank recorded anything for 45 s")
+    # the tests before it, and those after it in the restarted job
+    assert job.outcomes[VALUE_TEST] == Outcome(PASSED)
+    assert job.outcomes[ROUTER_TEST] == Outcome(PASSED)
+    assert job.outcomes[f"{LAYERS}::TestColumnParallelLinear::test_the_tensor_is_on_a_gpu"].status == FAILED  # fmt: skip
+    assert job.problem == f"1 test(s) hung and were left out: {hang}"
+
+
+@pytest.mark.multiprocess
+def test_upstream_tests_pass_a_plugin_that_changes_no_number(fixture_plugins) -> None:
+    result = upstream.run({"verify_idle": "titan_verify_idle_up"}, CHECKOUT)
+    idle = result.plugins["verify_idle"]
+    assert idle.regressions == [] and idle.verdict == "PASS"
+    assert (idle.selected, idle.ran_off, idle.passed_off, idle.ran_on, idle.passed_on) == (
+        11,
+        9,
+        7,
+        9,
+        7,
+    )
+
+
+@pytest.mark.multiprocess
+def test_verify_with_a_checkout_exits_1_and_names_the_broken_tests(
+    fixture_plugins, tmp_path
+) -> None:
+    # a checkout: the fixture tests next to the installed megatron (as a checkout holds its own)
+    checkout = tmp_path / "Megatron-LM"
+    shutil.copytree(CHECKOUT, checkout)
+    (checkout / "megatron").symlink_to(Path(megatron.core.__file__).parent.parent)
+    report = tmp_path / "verify.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "titan_plugins.cli", "verify", "--megatron-lm", str(checkout),
+         "--only", "verify_perturb", "--layouts", "pp2xep2", "--world-sizes", "1",
+         "--json", str(report)],
+        capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-3000:]
+    assert f"regression: {VALUE_TEST} [1 ranks]" in done.stdout
+    found = json.loads(report.read_text())
+    mine = found["plugins"]["verify_perturb"]
+    assert (mine["selected"], mine["passed_off"], mine["passed_on"]) == (6, 4, 2)
+    assert mine["regressions"][:2] == [
+        f"{VALUE_TEST} [1 ranks]: AssertionError: Tensor-likes are not close!",
+        f"{ROUTER_TEST} [1 ranks]: AssertionError: Tensor-likes are not close!",
+    ]
+    assert any(r.startswith("differential: pp2xep2: losses differ") for r in mine["regressions"])
+    assert found["verdict"] == "FAIL"
+    assert [job["world_size"] for job in found["upstream"]["launches"]] == [1, 1]
+
+
+def test_a_plugin_acting_through_the_core_step_hooks_is_judged_on_the_core_files(
+    tmp_path,
+) -> None:
+    # rewind registers no patch of its own: its work runs inside the core's training-step
+    # wrappers, whose patches the core's data file selects files for
+    users = upstream.through_core(["rewind", "weight_sync"])
+    assert users == {"rewind"}
+    core = list(upstream.selection.load(upstream.CORE_PACKAGE).tests)
+    for test in core:
+        (tmp_path / test.path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / test.path).write_text("")
+    packages = {"rewind": "titan_rewind", "weight_sync": "titan_weight_sync"}
+    plan = upstream.plan(packages, tmp_path, None, users)
+    assert plan.judged_on["rewind"] == [(t.path, n) for t in core for n in t.world_sizes or (1,)]
+    assert plan.judged_on["weight_sync"] == []
+    [why] = plan.not_judged["weight_sync"]
+    assert why["why"].startswith("no upstream test file selected for it; not covered: ")
+    assert "weight_sync.slime_broadcast" in why["why"]

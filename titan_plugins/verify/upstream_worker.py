@@ -1,0 +1,204 @@
+"""One rank of a run of a Megatron-LM checkout's own unit tests on CPU (``titan-plugins verify``).
+
+TEST-TIME ONLY. Started by :mod:`titan_plugins.verify.upstream`, once per rank, in the checkout's
+folder, with ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set
+as ``torchrun`` sets them (the tests' ``Utils`` reads them)::
+
+    python -m titan_plugins.verify.upstream_worker RECORD_FILE TEST_FILE...
+
+No upstream file is edited. Before pytest collects, the worker makes this CPU process look like
+a one-GPU rank, the way the tests expect one:
+
+- the core's CPU harness (``cpu_harness.install()``): CUDA streams, events, RNG and
+  ``device="cuda"`` land on the CPU;
+- ``torch.cuda.is_available()`` answers True and ``device_count()`` 1: most upstream tests skip
+  themselves without a GPU (``skipif(not torch.cuda.is_available())``), and ``Utils`` picks its
+  device as ``rank % device_count()``. The harness leaves ``is_available`` alone because
+  ``torch._dynamo`` then queries device properties; these workers run with
+  ``TORCH_COMPILE_DISABLE=1``;
+- ``init_process_group(backend="nccl")`` gets gloo.
+
+Plugins reach the worker the way they reach a user's job (the ``torch.backends`` entry point, at
+``import torch``), under the switches the parent set (``TITAN_PLUGINS=0`` for the off run).
+
+Each test's outcome on this rank is appended to ``RECORD_FILE`` as one JSON line as soon as it
+is known, so a run that hangs or crashes still tells which tests finished and which one was
+running (``{"started": id}`` lines).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
+SKIP_ENV = "TITAN_VERIFY_SKIP_FILE"
+WHY_CHARS = 300
+"""The first error line (or skip reason) is cut here: the report names it, the log has it."""
+
+
+class Recorder:
+    """A pytest plugin: one JSON line per test outcome (and per test started) on this rank."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self.out.write(json.dumps(record) + "\n")
+        self.out.flush()  # a hung or killed rank still leaves what it finished
+
+    def pytest_collection_modifyitems(self, config: Any, items: list[Any]) -> None:
+        """Deselects the tests a restarted job has done already (``TITAN_VERIFY_SKIP_FILE``)."""
+        path = os.environ.get(SKIP_ENV, "")
+        done = set(Path(path).read_text(encoding="utf-8").splitlines()) if path else set()
+        if not done:
+            return
+        config.hook.pytest_deselected(items=[i for i in items if i.nodeid in done])
+        items[:] = [i for i in items if i.nodeid not in done]
+
+    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
+        """Names the test running, for a run that never returns from it."""
+        self._write({"started": nodeid})
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        """The outcome of a test's call phase, and any setup or teardown that did not pass."""
+        if report.when != "call" and report.passed:
+            return
+        self._write(
+            {
+                "id": report.nodeid,
+                "when": report.when,
+                "outcome": _outcome(report),
+                "why": _why(report),
+            }
+        )
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
+        """After each test's teardown: the process groups it left behind are released, and the
+        test is recorded as finished (a job that hangs later does not blame it)."""
+        release_process_groups()
+        self._write({"finished": nodeid})
+
+    def pytest_sessionfinish(self, session: Any) -> None:
+        """What the plugins did in this rank: state, patches applied and failed (``titan``)."""
+        self._write({"titan": plugin_states()})
+
+    def pytest_collectreport(self, report: Any) -> None:
+        """A file that does not import (a missing dependency, a moved API): its tests never run."""
+        if report.failed:
+            self._write(
+                {"id": report.nodeid, "when": "collect", "outcome": FAILED, "why": _why(report)}
+            )
+
+
+def release_process_groups() -> None:
+    """Destroys every process group but the default one, once megatron's parallel state is down.
+
+    ``destroy_model_parallel`` drops megatron's groups without destroying them. Each gloo group
+    keeps its threads, so over a file of tests that each build the groups anew they pile up
+    (measured: 7,235 threads in one rank after about 500 tests, and the machine's load near
+    900). The tests' teardown destroys the parallel state; only then are the groups released,
+    on every rank alike (destroying a group is local).
+    """
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if not dist.is_initialized():
+        return
+    state = sys.modules.get("megatron.core.parallel_state")
+    if state is not None and state.model_parallel_is_initialized():
+        return
+    default = c10d._get_default_group()
+    for group in list(c10d._world.pg_map):
+        if group is not default:
+            dist.destroy_process_group(group)
+
+
+def plugin_states() -> dict[str, dict[str, Any]]:
+    """Per plugin active here: its state, the ids of its patches applied and failed."""
+    from titan_plugins import report
+
+    return {
+        entry["name"]: {
+            "state": entry["state"],
+            "applied": [p["id"] for p in entry["patches"] if p["status"] == "applied"],
+            "failed": [p["id"] for p in entry["patches"] if p["status"] == "failed"],
+        }
+        for entry in report.collect()["plugins"]
+    }
+
+
+def _outcome(report: Any) -> str:
+    if hasattr(report, "wasxfail"):
+        return SKIPPED  # an expected failure (or an unexpected pass) judges nothing
+    return PASSED if report.passed else SKIPPED if report.skipped else FAILED
+
+
+def _why(report: Any) -> str:
+    """A skip's reason, or a failure's first ``E`` line (else its last line)."""
+    if hasattr(report, "wasxfail"):
+        return f"xfail: {report.wasxfail}"[:WHY_CHARS]
+    if report.skipped and isinstance(report.longrepr, tuple):
+        return str(report.longrepr[-1])[:WHY_CHARS]
+    if report.passed:
+        return ""
+    lines = [line for line in str(report.longreprtext).splitlines() if line.strip()]
+    errors = [line[1:].strip() for line in lines if line.startswith("E ")]
+    return (errors[0] if errors else lines[-1] if lines else "failed")[:WHY_CHARS]
+
+
+def look_like_one_gpu() -> None:
+    """The CPU harness, plus what the upstream tests' own gates and ``Utils`` ask of a GPU."""
+    import torch
+
+    from titan_plugins.hosts.megatron.testing import cpu_harness
+
+    cpu_harness.install()
+    torch.cuda.is_available = lambda: True
+    torch.cuda.device_count = lambda: 1
+    init_process_group = torch.distributed.init_process_group
+
+    def gloo_for_nccl(*args: Any, **kwargs: Any) -> Any:
+        if args[:1] and "nccl" in str(args[0]):
+            args = ("gloo", *args[1:])
+        if "nccl" in str(kwargs.get("backend") or ""):
+            kwargs["backend"] = "gloo"
+        return init_process_group(*args, **kwargs)
+
+    torch.distributed.init_process_group = gloo_for_nccl
+
+
+def main(argv: list[str]) -> int:
+    """Run pytest over the test files in this process; pytest's exit status."""
+    record, files = argv[0], argv[1:]
+    checkout = os.getcwd()
+    sys.path.insert(
+        0, checkout
+    )  # the tests import ``tests.unit_tests...`` and the checkout's megatron
+    look_like_one_gpu()
+    import pytest
+
+    with open(record, "a", encoding="utf-8") as out:
+        return int(
+            pytest.main(
+                [
+                    *files,
+                    "-q",
+                    "--continue-on-collection-errors",  # one file that does not import is named
+                    "-p",
+                    "no:cacheprovider",  # nothing written into the user's checkout
+                    "-o",
+                    "addopts=",
+                    "--rootdir",
+                    checkout,
+                ],
+                plugins=[Recorder(out)],
+            )
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
