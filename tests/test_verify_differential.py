@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from titan_plugins.manager import FIRST_PARTY
+from titan_plugins.testing.fakes import write_dist_info
 from titan_plugins.verify import differential, selection
 from titan_plugins.verify.differential import ALL, OFF, judge
 
@@ -108,14 +109,12 @@ def test_a_bad_differential_section_is_refused_by_field(section: dict, message: 
 
 
 def _install_fixtures(root: Path) -> None:
-    """The two broken plugins, discoverable by entry point from ``root`` (a dist-info folder:
-    importlib.metadata finds it on sys.path, which spawned workers inherit)."""
-    info = root / "titan_verify_fixtures-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: titan-verify-fixtures\n"
-                                   "Version: 0.1\n")  # fmt: skip
-    (info / "entry_points.txt").write_text(
-        "[titan_plugins]\nverify_perturb = titan_verify_perturb\nverify_idle = titan_verify_idle\n"
+    """The two broken plugins, discoverable by entry point from ``root`` (importlib.metadata
+    finds the dist-info folder on sys.path, which spawned workers inherit)."""
+    write_dist_info(
+        root,
+        "titan-verify-fixtures",
+        {"verify_perturb": "titan_verify_perturb", "verify_idle": "titan_verify_idle"},
     )
 
 
@@ -191,15 +190,21 @@ MEGATRON_LM_DIR = os.environ.get("MEGATRON_LM_DIR", "")
     not MEGATRON_LM_DIR,
     reason="opt-in: MEGATRON_LM_DIR=<a Megatron-LM checkout> (command in docs/hosts.md)",
 )
-def test_verify_trains_with_a_megatron_lm_checkout(tmp_path) -> None:
+def test_verify_runs_the_unit_tests_of_and_trains_with_a_megatron_lm_checkout(tmp_path) -> None:
     report = tmp_path / "verify.json"
     done = subprocess.run(
         [sys.executable, "-m", "titan_plugins.cli", "verify", "--megatron-lm", MEGATRON_LM_DIR,
          "--json", str(report)],
-        capture_output=True, text=True, timeout=1800,
+        capture_output=True, text=True, timeout=3600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
     found = json.loads(report.read_text())
     checkout = str(Path(MEGATRON_LM_DIR).resolve())
     assert found["differential"]["megatron"].endswith(f"from {checkout}"), found["differential"]
     assert all(entry["regressions"] == [] for entry in found["plugins"].values())
+    # the checkout's own unit tests ran for every plugin with selected files, in both modes
+    for name, entry in found["plugins"].items():
+        no_files = [j for j in entry["not_judged"] if j["test"] == "megatron_lm_tests"]
+        if not no_files:  # it has upstream files (weight_sync's patches serve SGLang and slime)
+            assert entry["passed_off"] >= 20 and entry["passed_on"] >= 20, (name, entry)
+    assert found["upstream"]["launches"], found["upstream"]

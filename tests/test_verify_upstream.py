@@ -15,6 +15,7 @@ from pathlib import Path
 import megatron.core
 import pytest
 
+from titan_plugins.testing.fakes import write_dist_info
 from titan_plugins.verify import cli, upstream
 from titan_plugins.verify.upstream import (
     FAILED,
@@ -176,13 +177,10 @@ def _install(root: Path) -> None:
     checkout's tests, discoverable by entry point from ``root``."""
     _package(root, "titan_verify_perturb_up", "titan_verify_perturb", SELECTION)
     _package(root, "titan_verify_idle_up", "titan_verify_idle", SELECTION)
-    info = root / "titan_verify_upstream_fixtures-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: titan-verify-upstream-fixtures\n"
-                                   "Version: 0.1\n")  # fmt: skip
-    (info / "entry_points.txt").write_text(
-        "[titan_plugins]\nverify_perturb = titan_verify_perturb_up\n"
-        "verify_idle = titan_verify_idle_up\n"
+    write_dist_info(
+        root,
+        "titan-verify-upstream-fixtures",
+        {"verify_perturb": "titan_verify_perturb_up", "verify_idle": "titan_verify_idle_up"},
     )
 
 

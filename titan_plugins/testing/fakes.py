@@ -1,4 +1,6 @@
-"""Fake distributions and entry points, for discovery tests without installing anything."""
+"""Fake distributions and entry points, for discovery tests without installing anything (in
+this process: :func:`fake_entry_point`; on disk, for processes a test starts:
+:func:`write_dist_info`)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import sys
 import types
 from importlib import metadata
 from importlib.machinery import ModuleSpec
+from pathlib import Path
 from typing import Any
 
 
@@ -42,3 +45,19 @@ def fake_entry_point(
     except AttributeError:  # pragma: no cover - older importlib
         object.__setattr__(ep, "dist", dist)
         return ep
+
+
+def write_dist_info(
+    root: Path, distribution: str, plugins: dict[str, str], version: str = "0.1"
+) -> Path:
+    """A ``<distribution>-<version>.dist-info`` folder in ``root`` whose ``titan_plugins`` entry
+    points are ``plugins`` (name -> module): with ``root`` on ``sys.path`` (or ``PYTHONPATH``,
+    for processes a test starts) discovery finds them as installed plugins."""
+    info = root / f"{distribution.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n"
+    )
+    lines = "".join(f"{name} = {module}\n" for name, module in plugins.items())
+    (info / "entry_points.txt").write_text(f"[titan_plugins]\n{lines}")
+    return info

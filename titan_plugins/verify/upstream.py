@@ -54,8 +54,8 @@ WORKER_ENV = {
 }
 LOG_TAIL_CHARS = 2000
 STALL_S = 120.0
-"""A job in which no rank records anything for this long is hung: the test each rank is in
-fails as hung and the job goes on without it (8 ranks on 2 cores start in about a minute)."""
+"""A job in which no rank records anything for this long, once tests run, is hung: the test
+each rank is in fails as hung and the job goes on without it."""
 TEST_REQUIREMENTS = ("pytest", "pytest_mock")
 """What the workers need to run the upstream files (the ``verify`` extra)."""
 PYTEST_ENDED = (0, 1, 5)
@@ -341,16 +341,21 @@ def _free_port() -> int:
 def _wait(
     procs: list[subprocess.Popen[bytes]], records: list[Path], deadline: float, stall_s: float
 ) -> bool:
-    """Wait for every rank. True when all ended; False (the ranks killed) when none recorded
-    anything for ``stall_s`` or ``deadline`` passed."""
+    """Wait for every rank. True when all ended; False (the ranks killed) when, once a rank has
+    recorded a test, none recorded anything for ``stall_s``, or when ``deadline`` passed.
+    Starting (imports, collection: minutes for 8 ranks on a loaded machine) has only the
+    deadline."""
+
+    def progress() -> float:
+        return max((p.stat().st_mtime for p in records if p.exists()), default=-1.0)
+
+    before = seen = progress()
     last = time.monotonic()
-    seen = -1.0
     while any(p.poll() is None for p in procs):
-        progress = max((p.stat().st_mtime for p in records if p.exists()), default=-1.0)
-        now = time.monotonic()
-        if progress != seen:
-            seen, last = progress, now
-        if now > deadline or now - last > stall_s:
+        now, found = time.monotonic(), progress()
+        if found != seen:
+            seen, last = found, now
+        if now > deadline or (seen != before and now - last > stall_s):
             for p in procs:
                 if p.poll() is None:
                     p.kill()

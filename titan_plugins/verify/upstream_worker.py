@@ -45,6 +45,7 @@ class Recorder:
 
     def __init__(self, out: TextIO) -> None:
         self.out = out
+        self._file_done = False
 
     def _write(self, record: dict[str, Any]) -> None:
         self.out.write(json.dumps(record) + "\n")
@@ -76,10 +77,16 @@ class Recorder:
             }
         )
 
+    def pytest_runtest_teardown(self, item: Any, nextitem: Any) -> None:
+        """Notes whether the next test is in another file (or none is left)."""
+        self._file_done = nextitem is None or nextitem.path != item.path
+
     def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
-        """After each test's teardown: the process groups it left behind are released, and the
-        test is recorded as finished (a job that hangs later does not blame it)."""
-        release_process_groups()
+        """After each test's teardown: the process groups it left behind are released (all of
+        them after a file's last test), and the test is recorded as finished (a job that hangs
+        later does not blame it)."""
+        release_process_groups(force=self._file_done)
+        self._file_done = False
         self._write({"finished": nodeid})
 
     def pytest_sessionfinish(self, session: Any) -> None:
@@ -94,14 +101,17 @@ class Recorder:
             )
 
 
-def release_process_groups() -> None:
-    """Destroys every process group but the default one, once megatron's parallel state is down.
+def release_process_groups(force: bool = False) -> None:
+    """Destroys every process group but the default one, once megatron's parallel state is down
+    (``force``: after taking it down).
 
     ``destroy_model_parallel`` drops megatron's groups without destroying them. Each gloo group
-    keeps its threads, so over a file of tests that each build the groups anew they pile up
+    keeps its threads, so over files of tests that each build the groups anew they pile up
     (measured: 7,235 threads in one rank after about 500 tests, and the machine's load near
-    900). The tests' teardown destroys the parallel state; only then are the groups released,
-    on every rank alike (destroying a group is local).
+    900). A test whose teardown takes the parallel state down releases its groups at once; a
+    file whose tests leave it up (the next test's setup rebuilds it) releases them after its
+    last test. Every rank runs the same tests, so every rank releases alike (destroying a group
+    is local).
     """
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
@@ -110,7 +120,9 @@ def release_process_groups() -> None:
         return
     state = sys.modules.get("megatron.core.parallel_state")
     if state is not None and state.model_parallel_is_initialized():
-        return
+        if not force:
+            return
+        state.destroy_model_parallel()
     default = c10d._get_default_group()
     for group in list(c10d._world.pg_map):
         if group is not default:
