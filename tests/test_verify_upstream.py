@@ -81,6 +81,7 @@ def test_judge_counts_each_mode_and_names_regressions_and_what_it_cannot_judge()
         f"{t}5": Outcome(SKIPPED, "needs DeepEP"),
         f"{t}6": Outcome(PASSED),
         f"{t}7": Outcome(SKIPPED, "needs DeepEP"),
+        f"{t}8": Outcome(SKIPPED, "needs DeepEP"),
     }
     on = {
         f"{t}1": Outcome(PASSED),
@@ -90,12 +91,13 @@ def test_judge_counts_each_mode_and_names_regressions_and_what_it_cannot_judge()
         f"{t}5": Outcome(FAILED, "dispatch broke"),
         # t6: never reached with the plugins on (the job hung)
         f"{t}7": Outcome(PASSED),
+        f"{t}8": Outcome(FAILED, "RuntimeError: world_size (1) is not divisible by 8"),
         "other.py::t": Outcome(FAILED, "not this plugin's file"),
     }
     plan = Plan({1: [LAYERS]}, {"p": [(LAYERS, 1)]}, {"p": [{"test": ROUTER, "why": "absent"}]})
     found = judge("p", plan, {(1, OFF): _job(1, OFF, off), (1, ON): _job(1, ON, on)}, set())
-    assert (found.selected, found.ran_off, found.passed_off) == (7, 4, 3)
-    assert (found.ran_on, found.passed_on) == (5, 2)
+    assert (found.selected, found.ran_off, found.passed_off) == (8, 4, 3)
+    assert (found.ran_on, found.passed_on) == (6, 2)
     assert found.regressions == [
         f"{t}2 [1 ranks]: values differ",
         f"{t}5 [1 ranks]: runs only with the plugins on, and fails: dispatch broke",
@@ -108,6 +110,12 @@ def test_judge_counts_each_mode_and_names_regressions_and_what_it_cannot_judge()
         {
             "test": f"{t}7 [1 ranks]",
             "why": "skipped with the plugins off (needs DeepEP); passes with them on",
+        },
+        {
+            # megatron's refusal of a case written for more ranks is no plugin's failure
+            "test": f"{t}8 [1 ranks]",
+            "why": "runs only with the plugins on, needs more ranks: "
+            "RuntimeError: world_size (1) is not divisible by 8",
         },
     ]
     assert found.verdict == "FAIL"
