@@ -305,7 +305,7 @@ def test_a_plugin_acting_through_the_core_step_hooks_is_judged_on_the_core_files
     # wrappers, whose patches the core's data file selects files for
     users = upstream.through_core(["rewind", "weight_sync"])
     assert users == {"rewind"}
-    core = list(upstream.selection.load(upstream.CORE_PACKAGE).tests)
+    core = list(upstream.selection.load(upstream.suite_host().__name__).tests)
     for test in core:
         (tmp_path / test.path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / test.path).write_text("")

@@ -6,7 +6,7 @@ the files under a checkout's ``tests/unit_tests/`` whose tests call its patch ta
 numbers of ranks they are written for. The union of the selected plugins' files runs once per
 world size with every plugin off (``TITAN_PLUGINS=0``) and once with the selected plugins on
 (``TITAN_PLUGINS_ONLY``), each time as one job of that many local processes on CPU and gloo
-(:mod:`~titan_plugins.verify.upstream_worker`: one pytest per rank, the process group the tests'
+(:mod:`~titan_plugins.testing.upstream_worker`: one pytest per rank, the process group the tests'
 own ``Utils`` builds reused across the files). A test's outcome is the worst over the ranks.
 
 Per plugin, over its own files: tests selected, run and passed in each mode, and
@@ -36,13 +36,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from titan_plugins.hosts import HOSTS
 from titan_plugins.manager import ENABLED
+from titan_plugins.testing.upstream_worker import FAILED, PASSED, SKIP_ENV, SKIPPED
 from titan_plugins.verify import selection
-from titan_plugins.verify.upstream_worker import FAILED, PASSED, SKIP_ENV, SKIPPED
 
 SUITE = "megatron_lm_tests"
-CORE_PACKAGE = "titan_plugins.hosts.megatron"
-"""Where the core's own data file lives (the files its training-step patches are tested by)."""
 OFF, ON = "off", "on"
 MISSING = "missing"
 """A test the other mode ran that this mode never reached (its run hung or crashed first)."""
@@ -85,7 +84,7 @@ class Launch:
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     plugins: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per plugin active in the job: its state on rank 0 and its patch ids applied or failed
-    on any rank (:func:`~titan_plugins.verify.upstream_worker.plugin_states`)."""
+    on any rank (:func:`~titan_plugins.testing.upstream_worker.plugin_states`)."""
     states_seen: bool = False  # a rank reached the end of its session and reported them
     seconds: float = 0.0
     problem: str = ""  # a hang or crash, with the test each rank was in (one line)
@@ -151,13 +150,19 @@ class Plan:
     not_judged: dict[str, list[dict[str, str]]] = field(default_factory=dict)
 
 
+def suite_host() -> Any:
+    """The host room whose checkouts hold :data:`SUITE` (its package ships the core's own data
+    file: the files its patches are tested by)."""
+    return next(host for host in HOSTS.values() if SUITE in host.UPSTREAM_TESTS)
+
+
 def through_core(names: Iterable[str]) -> set[str]:
     """The plugins of ``names`` that implement a Megatron training-step hook: they act through
     the core's patches (the step, microbatch and optimizer wrappers), so the files the core's
     data file selects exercise them too."""
     from titan_plugins import manager
-    from titan_plugins.hosts.megatron import WRAPPER_HOOKS
 
+    hooks = getattr(suite_host(), "WRAPPER_HOOKS", ())
     wanted, out = set(names), set()
     for ep in manager.discover():
         if ep.name not in wanted:
@@ -166,7 +171,7 @@ def through_core(names: Iterable[str]) -> set[str]:
             plugin = ep.load()
         except Exception:  # noqa: BLE001 (a plugin that does not import: the jobs name it)
             continue
-        if any(hasattr(plugin, hook) for hook in WRAPPER_HOOKS):
+        if any(hasattr(plugin, hook) for hook in hooks):
             out.add(ep.name)
     return out
 
@@ -191,7 +196,8 @@ def plan(
         tests, why_not = _selected(package, skipped)
         if name in users:
             own = {t.path for t in tests}
-            tests += [t for t in _selected(CORE_PACKAGE, skipped)[0] if t.path not in own]
+            core = suite_host().__name__
+            tests += [t for t in _selected(core, skipped)[0] if t.path not in own]
         if not tests and not skipped:  # (a package with no data file is noted already)
             skipped.append(
                 {"test": SUITE, "why": "no upstream test file selected for it" + why_not}
@@ -323,7 +329,7 @@ def _start(
                     [
                         sys.executable,
                         "-m",
-                        "titan_plugins.verify.upstream_worker",
+                        "titan_plugins.testing.upstream_worker",
                         str(scratch / f"rank{rank}.jsonl"),
                         *files,
                     ],

@@ -4,7 +4,7 @@ TEST-TIME ONLY. Started by :mod:`titan_plugins.verify.upstream`, once per rank, 
 folder, with ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set
 as ``torchrun`` sets them (the tests' ``Utils`` reads them)::
 
-    python -m titan_plugins.verify.upstream_worker RECORD_FILE TEST_FILE...
+    python -m titan_plugins.testing.upstream_worker RECORD_FILE TEST_FILE...
 
 No upstream file is edited. Before pytest collects, the worker makes this CPU process look like
 a one-GPU rank, the way the tests expect one:
