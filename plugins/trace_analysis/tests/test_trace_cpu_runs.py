@@ -7,8 +7,8 @@ compute is the training thread's leaf CPU ops between them.  What is asserted ag
 events: every kind of traffic is recognised, the bubble of each stage is the time the training
 thread spent blocked in pipeline receives (recomputed here from the titles), the critical path
 is as long as the job's step and crosses both stages through pipeline transfers, and a rank
-compared with its single same-stage peer gets no verdict. The first stage is made the slower
-one (see ``capture_task``) so that the crossing does not depend on the machine.
+compared with its single same-stage peer gets no verdict. Both stages wait on the other at a
+known point (see ``capture_task``) so that the crossing does not depend on the machine.
 """
 
 from __future__ import annotations
@@ -18,20 +18,22 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from titan_trace_analysis import capture, cli, summarize_dir
 from titan_trace_analysis.summarize import summarize
 
-SLOW_FIRST_STAGE_S = 0.02
+SLOW_S = 0.02  # each first-stage forward and each last-stage backward, in seconds
 
 
 def capture_task(out_dir: str, ep: int) -> str | None:
     """Train 5 iterations with PP=2 (x EP=ep) under TITAN_TRACE_STEPS=3-4 (runs in a worker).
 
-    The first stage spends ``SLOW_FIRST_STAGE_S`` more in each forward: the critical path then
-    has to cross stages (the last stage's receives wait for the first stage's activations).
-    With both stages this small, which one is the bottleneck is up to the machine's load; when
-    it is the last stage, every receive there finds its tensor already sent and the path rightly
-    stays on that stage, which the crossing assertion below cannot tell from a broken walk.
+    The first stage's forwards and the last stage's backwards each take ``SLOW_S`` longer, so
+    the critical path crosses stages wherever it starts: the last stage's first receive waits
+    for the first stage's first activation, and the first stage's last receive waits for the
+    last stage's last backward. With one stage slowed only, which one ends the step is up to
+    the machine's load, and a walk that starts on the slow stage rightly stays on it (CI:
+    {1} == {0, 1} with neither slowed, {0} == {0, 1} with the first stage slowed).
     """
     import time
 
@@ -40,11 +42,17 @@ def capture_task(out_dir: str, ep: int) -> str | None:
     from titan_plugins.hosts.megatron.testing import tiny_gpt
     from titan_plugins.testing import plugin_active
 
+    def slow_backward(_module, _args, output):
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(lambda _grad: time.sleep(SLOW_S))
+
     tiny_gpt.init_parallel(pp=2, ep=ep)
     cfg = tiny_gpt.make_config()
     chunks = tiny_gpt.build_model(cfg)
-    if ps.get_pipeline_model_parallel_rank() == 0:
-        chunks[0].register_forward_pre_hook(lambda *_: time.sleep(SLOW_FIRST_STAGE_S))
+    if ps.is_pipeline_first_stage():
+        chunks[0].register_forward_pre_hook(lambda *_: time.sleep(SLOW_S))
+    if ps.is_pipeline_last_stage():
+        chunks[-1].register_forward_hook(slow_backward)
     env = {"TITAN_TRACE_STEPS": "3-4", "TITAN_TRACE_DIR": out_dir}
     capture.reset()
     with plugin_active("trace_analysis", env):
