@@ -462,6 +462,7 @@ def judge(
 ) -> PluginTests:
     """One plugin's counts over its (file, world size) pairs, from the off and on jobs."""
     out = PluginTests(name, not_judged=list(the_plan.not_judged.get(name, [])))
+    states_checked: set[int] = set()
     for path, size in the_plan.judged_on.get(name, []):
         if size in not_run:
             out.not_judged.append(
@@ -469,7 +470,9 @@ def judge(
             )
             continue
         off, on = runs[(size, OFF)], runs[(size, ON)]
-        _check_states(out, size, off, on)
+        if size not in states_checked:  # one pair of jobs per world size: named once
+            states_checked.add(size)
+            _check_states(out, size, off, on)
         ids = sorted({t for t in [*off.outcomes, *on.outcomes] if _in_file(t, path)})
         for test in ids:
             _count(out, f"{test} [{size} ranks]", off.outcomes.get(test), on.outcomes.get(test))
@@ -482,10 +485,8 @@ def judge(
 
 def _check_states(out: PluginTests, size: int, off: Launch, on: Launch) -> None:
     """The on job must have had the plugin enabled with no patch failed, the off job no plugin
-    at all: else the comparison says nothing (named once per world size)."""
+    at all: else the comparison says nothing."""
     key = f"upstream run [{size} ranks]"
-    if any(key in r for r in out.regressions):
-        return
     state = on.plugins.get(out.name)
     if on.states_seen and (state is None or state["state"] != ENABLED):
         found = state["state"] if state else "not loaded"
@@ -508,11 +509,10 @@ def _count(out: PluginTests, key: str, off: Outcome | None, on: Outcome | None) 
     off = off or Outcome(MISSING, "never reached: the run with the plugins off hung or crashed")
     on = on or Outcome(MISSING, "never reached: the run with the plugins on hung or crashed")
     out.selected += 1
-    for outcome, mode in ((off, OFF), (on, ON)):
-        if outcome.status in (PASSED, FAILED):
-            setattr(out, f"ran_{mode}", getattr(out, f"ran_{mode}") + 1)
-        if outcome.status == PASSED:
-            setattr(out, f"passed_{mode}", getattr(out, f"passed_{mode}") + 1)
+    out.ran_off += off.status in (PASSED, FAILED)
+    out.ran_on += on.status in (PASSED, FAILED)
+    out.passed_off += off.status == PASSED
+    out.passed_on += on.status == PASSED
     if off.status == PASSED and on.status in (FAILED, MISSING):
         out.regressions.append(f"{key}: {on.why}")
     elif off.status == SKIPPED and on.status in (FAILED, MISSING):
