@@ -179,6 +179,14 @@ def test_world_sizes_that_are_not_numbers_of_ranks_are_refused(text: str) -> Non
         cli.world_sizes(text)
 
 
+def test_a_missing_test_requirement_is_refused_with_the_extra_to_install(monkeypatch) -> None:
+    monkeypatch.setattr(upstream, "TEST_REQUIREMENTS", ("pytest", "titan_no_such_module"))
+    with pytest.raises(ValueError, match=r"needs titan_no_such_module .*titan-plugins\[verify\]"):
+        upstream.run({}, CHECKOUT)
+    monkeypatch.undo()
+    assert all(__import__(name) for name in upstream.TEST_REQUIREMENTS)  # the venv has them
+
+
 # ---------------------------------------------------------------------------- running
 def _install(root: Path) -> None:
     """The two broken fixture plugins, as packages with data files selecting the fixture

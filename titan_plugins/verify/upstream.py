@@ -59,8 +59,10 @@ parametrized case written for more ranks, not a plugin's failure."""
 STALL_S = 120.0
 """A job in which no rank records anything for this long, once tests run, is hung: the test
 each rank is in fails as hung and the job goes on without it."""
-TEST_REQUIREMENTS = ("pytest", "pytest_mock")
-"""What the workers need to run the upstream files (the ``verify`` extra)."""
+TEST_REQUIREMENTS = ("pytest", "pytest_mock", "six")
+"""What the workers need to run the upstream files (the ``verify`` extra): pytest-mock for the
+tests' ``mocker``; six for the conftest of core_v0.16-line checkouts (it reaches
+``megatron.training``, whose tokenizers import it)."""
 PYTEST_ENDED = (0, 1, 5)
 """pytest's exit statuses of a session that ran to its end: all passed, some failed, none
 collected. Anything else (interrupted, internal error, a signal) is a crash."""
