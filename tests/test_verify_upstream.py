@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import megatron.core
 import pytest
@@ -97,7 +98,7 @@ def test_judge_counts_each_mode_and_names_regressions_and_what_it_cannot_judge()
     plan = Plan({1: [LAYERS]}, {"p": [(LAYERS, 1)]}, {"p": [{"test": ROUTER, "why": "absent"}]})
     found = judge("p", plan, {(1, OFF): _job(1, OFF, off), (1, ON): _job(1, ON, on)}, set())
     assert (found.selected, found.ran_off, found.passed_off) == (8, 4, 3)
-    assert (found.ran_on, found.passed_on) == (6, 2)
+    assert (found.ran_on, found.passed_on, found.passed_both) == (6, 2, 1)
     assert found.regressions == [
         f"{t}2 [1 ranks]: values differ",
         f"{t}5 [1 ranks]: runs only with the plugins on, and fails: dispatch broke",
@@ -119,6 +120,33 @@ def test_judge_counts_each_mode_and_names_regressions_and_what_it_cannot_judge()
         },
     ]
     assert found.verdict == "FAIL"
+
+
+def test_nothing_judged_is_never_a_pass_and_leaves_the_run_incomplete() -> None:
+    plan = Plan({1: [LAYERS]}, {"p": [(LAYERS, 1)]}, {})
+    crashed = {}  # the checkout's conftest did not import: no rank reached a test
+    jobs = {(1, OFF): _job(1, OFF, crashed), (1, ON): _job(1, ON, crashed)}
+    jobs[(1, OFF)].problem = "rank(s) [0] exited abnormally"
+    found = judge("p", plan, jobs, set())
+    assert found.regressions == [] and found.verdict == "NOT JUDGED"
+    assert found.not_judged == [
+        {"test": f"{LAYERS} [1 ranks]", "why": "rank(s) [0] exited abnormally"}
+    ]
+    skipped = {f"{LAYERS}::t": Outcome(SKIPPED, "needs TE")}  # every test skipped: the same
+    jobs = {(1, OFF): _job(1, OFF, skipped), (1, ON): _job(1, ON, skipped)}
+    assert judge("p", plan, jobs, set()).verdict == "NOT JUDGED"
+    # a plugin whose data file selects no upstream file (and says why) is not judged either,
+    # but expected so: it does not leave the run incomplete
+    declared = Plan({}, {}, {"q": [{"test": upstream.SUITE, "why": "no upstream test file"}]})
+    declared.declared_none.add("q")
+    none = judge("q", declared, {}, set())
+    assert none.verdict == "NOT JUDGED" and none.declared_none
+
+    differential = SimpleNamespace(verdict="PASS")
+    tests = SimpleNamespace(plugins={"p": found, "q": none}, not_run=[])
+    assert cli.verdict(differential, tests) == "INCOMPLETE"
+    tests.plugins = {"q": none}
+    assert cli.verdict(differential, tests) == "PASS"
 
 
 def test_a_plugin_not_enabled_or_with_failed_patches_in_the_on_job_is_a_regression() -> None:

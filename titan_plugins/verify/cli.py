@@ -121,11 +121,13 @@ def main(argv: list[str]) -> int:
 
 def verdict(result: Any, tests: Any = None) -> str:
     """The whole run: FAIL (a regression or a differential problem), INCOMPLETE (runs or test
-    jobs left out by the budget), PASS."""
-    regressed = tests is not None and any(p.regressions for p in tests.plugins.values())
-    if result.verdict == "FAIL" or regressed:
+    jobs left out by the budget, or a plugin whose selected upstream tests judged nothing, e.g.
+    the checkout's conftest does not import here), PASS."""
+    mine = [] if tests is None else list(tests.plugins.values())
+    if result.verdict == "FAIL" or any(p.verdict == "FAIL" for p in mine):
         return "FAIL"
-    if result.verdict == "INCOMPLETE" or (tests is not None and tests.not_run):
+    unjudged = any(p.verdict == "NOT JUDGED" and not p.declared_none for p in mine)
+    if result.verdict == "INCOMPLETE" or unjudged or (tests is not None and tests.not_run):
         return "INCOMPLETE"
     return "PASS"
 
@@ -138,7 +140,7 @@ def as_json(result: Any, tests: Any = None) -> dict[str, Any]:
         mine = tests.plugins.get(name) if tests is not None else None
         counts = {
             key: getattr(mine, key) if mine else 0
-            for key in ("selected", "ran_off", "ran_on", "passed_off", "passed_on")
+            for key in ("selected", "ran_off", "ran_on", "passed_off", "passed_on", "passed_both")
         }
         plugins[name] = {
             **counts,
@@ -199,7 +201,8 @@ def print_upstream(tests: Any, out: TextIO) -> None:
         print(
             f"- {name}: {mine.verdict}: {mine.selected} selected; off: {mine.passed_off}/"
             f"{mine.ran_off} passed; on: {mine.passed_on}/{mine.ran_on} passed; "
-            f"{len(mine.regressions)} regressions; {len(mine.not_judged)} not judged",
+            f"{mine.passed_both} passed in both; {len(mine.regressions)} regressions; "
+            f"{len(mine.not_judged)} not judged",
             file=out,
         )
         for regression in mine.regressions:

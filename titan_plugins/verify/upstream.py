@@ -59,10 +59,11 @@ parametrized case written for more ranks, not a plugin's failure."""
 STALL_S = 120.0
 """A job in which no rank records anything for this long, once tests run, is hung: the test
 each rank is in fails as hung and the job goes on without it."""
-TEST_REQUIREMENTS = ("pytest", "pytest_mock", "six")
+TEST_REQUIREMENTS = ("pytest", "pytest_mock", "six", "regex", "pydantic")
 """What the workers need to run the upstream files (the ``verify`` extra): pytest-mock for the
-tests' ``mocker``; six for the conftest of core_v0.16-line checkouts (it reaches
-``megatron.training``, whose tokenizers import it)."""
+tests' ``mocker``; six, regex and pydantic for the conftest of core_v0.16-line checkouts (it
+reaches ``megatron.training``, whose tokenizers and arguments import them). It also imports
+triton, which a CUDA torch brings; without it the jobs end before any test, with the error."""
 PYTEST_ENDED = (0, 1, 5)
 """pytest's exit statuses of a session that ran to its end: all passed, some failed, none
 collected. Anything else (interrupted, internal error, a signal) is a crash."""
@@ -115,12 +116,20 @@ class PluginTests:
     ran_on: int = 0
     passed_off: int = 0
     passed_on: int = 0
+    passed_both: int = 0
     regressions: list[str] = field(default_factory=list)
     not_judged: list[dict[str, str]] = field(default_factory=list)
+    declared_none: bool = False
+    """Its data file selects no upstream file and says why (nothing was expected to run)."""
 
     @property
     def verdict(self) -> str:
-        return "FAIL" if self.regressions else "PASS"
+        """FAIL with a regression; NOT JUDGED when no test passed in both modes (every job
+        crashed before its tests, every test skipped, no file in this checkout): never a PASS
+        on nothing; else PASS."""
+        if self.regressions:
+            return "FAIL"
+        return "PASS" if self.passed_both else "NOT JUDGED"
 
 
 @dataclass
@@ -134,7 +143,9 @@ class UpstreamResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "plugins": {name: asdict(p) for name, p in self.plugins.items()},
+            "plugins": {
+                name: {**asdict(p), "verdict": p.verdict} for name, p in self.plugins.items()
+            },
             "launches": [launch.as_dict() for launch in self.launches],
             "not_run": self.not_run,
             "seconds": round(self.seconds, 1),
@@ -150,6 +161,8 @@ class Plan:
     launches: dict[int, list[str]] = field(default_factory=dict)
     judged_on: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
     not_judged: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    declared_none: set[str] = field(default_factory=set)
+    """The plugins whose data file selects no upstream file (its ``not_covered`` says why)."""
 
 
 def suite_host() -> Any:
@@ -204,6 +217,7 @@ def plan(
             skipped.append(
                 {"test": SUITE, "why": "no upstream test file selected for it" + why_not}
             )
+            out.declared_none.add(name)
         for test in tests:
             if not (checkout / test.path).is_file():
                 skipped.append({"test": test.path, "why": "not in this checkout"})
@@ -463,7 +477,11 @@ def judge(
     name: str, the_plan: Plan, runs: dict[tuple[int, str], Launch], not_run: set[int]
 ) -> PluginTests:
     """One plugin's counts over its (file, world size) pairs, from the off and on jobs."""
-    out = PluginTests(name, not_judged=list(the_plan.not_judged.get(name, [])))
+    out = PluginTests(
+        name,
+        not_judged=list(the_plan.not_judged.get(name, [])),
+        declared_none=name in the_plan.declared_none,
+    )
     states_checked: set[int] = set()
     for path, size in the_plan.judged_on.get(name, []):
         if size in not_run:
@@ -515,6 +533,7 @@ def _count(out: PluginTests, key: str, off: Outcome | None, on: Outcome | None) 
     out.ran_on += on.status in (PASSED, FAILED)
     out.passed_off += off.status == PASSED
     out.passed_on += on.status == PASSED
+    out.passed_both += off.status == PASSED and on.status == PASSED
     if off.status == PASSED and on.status in (FAILED, MISSING):
         out.regressions.append(f"{key}: {on.why}")
     elif off.status == SKIPPED and on.status in (FAILED, MISSING):
