@@ -5,6 +5,7 @@ plugin that changes no number."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -213,6 +214,21 @@ def test_a_missing_test_requirement_is_refused_with_the_extra_to_install(monkeyp
         upstream.run({}, CHECKOUT)
     monkeypatch.undo()
     assert all(__import__(name) for name in upstream.TEST_REQUIREMENTS)  # the venv has them
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("transformer_engine") is not None,
+    reason="Transformer Engine is installed: megatron reads its real version",
+)
+def test_without_transformer_engine_megatron_reads_version_zero(monkeypatch) -> None:
+    from megatron.core import utils
+
+    from titan_plugins.testing import upstream_worker
+
+    monkeypatch.setattr(utils, "_te_version", None)  # as after import, before any TE gate
+    upstream_worker.no_te_reads_as_version_zero()
+    # megatron-core 0.16's get_te_version() answered None here, and this raised TypeError
+    assert utils.is_te_min_version("1.3") is False
 
 
 # ---------------------------------------------------------------------------- running

@@ -16,7 +16,9 @@ a one-GPU rank, the way the tests expect one:
   device as ``rank % device_count()``. The harness leaves ``is_available`` alone because
   ``torch._dynamo`` then queries device properties; these workers run with
   ``TORCH_COMPILE_DISABLE=1``;
-- ``init_process_group(backend="nccl")`` gets gloo.
+- ``init_process_group(backend="nccl")`` gets gloo;
+- without Transformer Engine, ``get_te_version()`` answers 0.0.0 as megatron 0.17+ does (0.16's
+  None breaks the core_v0.16.1 conftest's setup of every test).
 
 Plugins reach the worker the way they reach a user's job (the ``torch.backends`` entry point, at
 ``import torch``), under the switches the parent set (``TITAN_PLUGINS=0`` for the off run).
@@ -181,6 +183,23 @@ def look_like_one_gpu() -> None:
         return init_process_group(*args, **kwargs)
 
     torch.distributed.init_process_group = gloo_for_nccl
+    no_te_reads_as_version_zero()
+
+
+def no_te_reads_as_version_zero() -> None:
+    """Without Transformer Engine, megatron's ``get_te_version()`` answers 0.0.0, as megatron-core
+    0.17 and later do. 0.16's answers None, and the core_v0.16.1 checkout's ``conftest.py``
+    (its autouse ``set_env`` asks ``is_te_min_version("1.3")``) then errors in the setup of
+    every test. With 0.0.0 each TE gate answers False, and the tests that need TE skip."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformer_engine") is not None:
+        return
+    from megatron.core import utils
+    from packaging.version import Version
+
+    if utils.get_te_version() is None:
+        utils._te_version = Version("0.0.0")
 
 
 def main(argv: list[str]) -> int:
