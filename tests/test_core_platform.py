@@ -57,6 +57,16 @@ def test_musa_is_detected_first(musa, monkeypatch):
     assert platform.pin_memory_supported() is True
 
 
+def test_a_device_module_answering_a_device_is_taken_as_is(monkeypatch):
+    # the verify worker: is_available() True, current_device() the CPU device megatron uses
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: torch.device("cpu"))
+    assert platform.device_type() == "cuda"
+    assert platform.current_device() == torch.device("cpu")  # TypeError before
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)  # a real GPU's index
+    assert platform.current_device() == torch.device("cuda", 1)
+
+
 def test_cuda_backend_name():
     assert platform.collective_backend("cuda") == "nccl"
 

@@ -76,12 +76,20 @@ def device_module(device: str | None = None) -> Any | None:
 
 
 def current_device() -> Any:
-    """The ``torch.device`` this process computes on."""
+    """The ``torch.device`` this process computes on.
+
+    The device module answers ``current_device()`` with an index; a CPU stand-in that looks
+    like one GPU (``titan-plugins verify``'s upstream-test workers, where megatron passes the
+    answer as ``device=``) answers with the ``torch.device`` itself, which is taken as is.
+    """
     torch = _torch()
     module = device_module()
     if module is None:
         return torch.device("cpu")
-    return torch.device(device_type(), module.current_device())
+    current = module.current_device()
+    if not isinstance(current, int):
+        return current
+    return torch.device(device_type(), current)
 
 
 class NoopEvent:
