@@ -305,6 +305,76 @@ def test_a_test_that_hangs_fails_as_hung_and_the_job_goes_on_without_it(monkeypa
     assert job.outcomes[ROUTER_TEST] == Outcome(PASSED)
     assert job.outcomes[f"{LAYERS}::TestColumnParallelLinear::test_the_tensor_is_on_a_gpu"].status == FAILED  # fmt: skip
     assert job.problem == f"1 test(s) hung and were left out: {hang}"
+    # run again alone, it hangs again: it stays failed, and says so
+    upstream.retry_hung(CHECKOUT, job, {"TITAN_PLUGINS": "0"}, timeout_s=900, stall_s=45)
+    assert job.outcomes[hang].status == FAILED
+    assert job.outcomes[hang].why.endswith("the job went on without it; hung again alone")
+    assert job.problem.endswith(f"; run again alone: {hang}")
+
+
+@pytest.mark.multiprocess
+def test_a_test_that_hung_only_under_load_is_judged_by_its_run_alone(monkeypatch, tmp_path) -> None:
+    # the stall rule cannot tell a hang from a test the load slowed past it (8 ranks on 2 cores)
+    monkeypatch.setenv("TITAN_VERIFY_FIXTURE_HANG", str(tmp_path / "hung-once"))
+    env = {"TITAN_PLUGINS": "0"}
+    job = upstream.launch(CHECKOUT, [LAYERS], 1, OFF, env, timeout_s=900, stall_s=45)
+    hang = f"{LAYERS}::TestColumnParallelLinear::test_a_hang_when_asked"
+    assert job.outcomes[hang].why.startswith(upstream.HUNG)
+    upstream.retry_hung(CHECKOUT, job, env, timeout_s=900, stall_s=45)
+    assert job.outcomes[hang] == Outcome(PASSED, "hung in the full job; run again alone: passed")
+    assert job.outcomes[VALUE_TEST] == Outcome(PASSED)  # the others keep their outcomes
+
+
+HOLDING_TESTS = """
+import os
+import weakref
+
+import torch.distributed as dist
+
+MADE = {}
+
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+class Model:
+    pass
+
+
+class TestEachBuildsAModelWithItsOwnGroup:
+    def setup_method(self, method):
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+        MADE.setdefault("threads_before", threads())
+        self.model = Model()
+        self.model.group = dist.new_group([0])  # as megatron's layers hold their groups
+        MADE.setdefault("model", weakref.ref(self.model))
+
+    def test_first(self):
+        MADE["threads_in_first"] = threads()
+        assert MADE["threads_in_first"] > MADE["threads_before"]  # a gloo group's own threads
+
+    def test_second_finds_the_first_let_go(self):
+        assert MADE["model"]() is None
+        assert threads() == MADE["threads_in_first"]  # not the first group's threads on top
+"""
+
+
+@pytest.mark.multiprocess
+def test_a_finished_test_s_instance_and_process_groups_are_let_go(tmp_path) -> None:
+    # pytest keeps each test's class instance to the end of the session, and with it what
+    # setup_method stored: at 8 ranks the destroyed gloo groups' threads piled up to 1,000 per
+    # rank. The worker drops the instance after each test and destroys the groups left.
+    tests = tmp_path / "tests" / "unit_tests"
+    tests.mkdir(parents=True)
+    (tests / "test_holding.py").write_text(HOLDING_TESTS)
+    path = "tests/unit_tests/test_holding.py"
+    job = upstream.launch(tmp_path, [path], 1, OFF, {"TITAN_PLUGINS": "0"}, timeout_s=600)
+    assert job.outcomes == {
+        f"{path}::TestEachBuildsAModelWithItsOwnGroup::test_first": Outcome(PASSED),
+        f"{path}::TestEachBuildsAModelWithItsOwnGroup::test_second_finds_the_first_let_go": Outcome(PASSED),
+    }  # fmt: skip
 
 
 @pytest.mark.multiprocess
