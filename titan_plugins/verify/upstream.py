@@ -59,6 +59,8 @@ parametrized case written for more ranks, not a plugin's failure."""
 STALL_S = 120.0
 """A job in which no rank records anything for this long, once tests run, is hung: the test
 each rank is in fails as hung and the job goes on without it."""
+HUNG = "hung: "
+"""How a hung test's first error line starts (:func:`launch`; :func:`retry_hung` reads it)."""
 TEST_REQUIREMENTS = ("pytest", "pytest_mock", "six", "regex", "pydantic")
 """What the workers need to run the upstream files (the ``verify`` extra): pytest-mock for the
 tests' ``mocker``; six, regex and pydantic for the conftest of core_v0.16-line checkouts (it
@@ -300,7 +302,7 @@ def launch(
             for rank, test in enumerate(running):
                 if test and test not in hung:
                     hung[test] = (
-                        f"hung: no rank recorded anything for {stall_s:.0f} s (rank {rank} was "
+                        f"{HUNG}no rank recorded anything for {stall_s:.0f} s (rank {rank} was "
                         "in it); the job went on without it"
                     )
             done = {test for outcomes, _, _ in per_rank for test in outcomes} | set(hung)
@@ -314,6 +316,36 @@ def launch(
             job.problem = f"{len(hung)} test(s) hung and were left out: {', '.join(sorted(hung))}"
     job.seconds = time.monotonic() - started
     return job
+
+
+def retry_hung(
+    checkout: Path, job: Launch, env: dict[str, str], timeout_s: float, stall_s: float = STALL_S
+) -> None:
+    """Each test that hung in ``job`` runs again alone, in a fresh job of as many ranks under
+    the same switches; what it does there is its outcome.
+
+    The stall rule cannot tell a hang from a test slowed past ``stall_s`` by the machine's load
+    (8 ranks on 2 cores), and a test that stalled in one mode only would read as a regression
+    (measured: ``test_schedules.py``'s interleaved custom-groups case stalled with the plugins
+    on in one full run, off in another, and passes alone in both). A real hang (a collective
+    whose peers never come) hangs alone too and stays failed. The test's ``why`` says it ran
+    again; ``job.problem`` names what was re-run.
+    """
+    hung = sorted(
+        t for t, o in job.outcomes.items() if o.status == FAILED and o.why.startswith(HUNG)
+    )
+    if not hung:
+        return
+    again = launch(checkout, hung, job.world_size, job.mode, env, timeout_s, stall_s)
+    job.seconds += again.seconds
+    for test in hung:
+        found = again.outcomes.get(test)
+        if found is None or found.why.startswith(HUNG):
+            job.outcomes[test] = Outcome(FAILED, f"{job.outcomes[test].why}; hung again alone")
+            continue
+        note = f"hung in the full job; run again alone: {found.status}"
+        job.outcomes[test] = Outcome(found.status, f"{note}: {found.why}" if found.why else note)
+    job.problem += f"; run again alone: {', '.join(hung)}"
 
 
 def _start(
@@ -598,7 +630,8 @@ def run(
             not_run.add(size)
             continue
         for mode, env in modes.items():
-            runs[(size, mode)] = launch(checkout, files, size, mode, env, timeout_s)
+            job = runs[(size, mode)] = launch(checkout, files, size, mode, env, timeout_s)
+            retry_hung(checkout, job, env, timeout_s)
     plugins = {name: judge(name, the_plan, runs, not_run) for name in packages}
     return UpstreamResult(
         plugins,
