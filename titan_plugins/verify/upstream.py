@@ -60,7 +60,7 @@ STALL_S = 120.0
 """A job in which no rank records anything for this long, once tests run, is hung: the test
 each rank is in fails as hung and the job goes on without it."""
 HUNG = "hung: "
-"""How a hung test's first error line starts (:func:`launch`; :func:`retry_hung` reads it)."""
+"""How a hung test's first error line starts."""
 TEST_REQUIREMENTS = ("pytest", "pytest_mock", "six", "regex", "pydantic")
 """What the workers need to run the upstream files (the ``verify`` extra): pytest-mock for the
 tests' ``mocker``; six, regex and pydantic for the conftest of core_v0.16-line checkouts (it
@@ -92,6 +92,7 @@ class Launch:
     on any rank (:func:`~titan_plugins.testing.upstream_worker.plugin_states`)."""
     states_seen: bool = False  # a rank reached the end of its session and reported them
     seconds: float = 0.0
+    hung: list[str] = field(default_factory=list)  # tests left out for hanging (failed)
     problem: str = ""  # a hang or crash, with the test each rank was in (one line)
     log_tail: str = ""  # the end of the first such rank's output
 
@@ -309,6 +310,7 @@ def launch(
             skip.write_text("\n".join(sorted(done)))
         job.outcomes = merge([outcomes for outcomes, _, _ in per_rank])
         job.outcomes.update({test: Outcome(FAILED, why) for test, why in hung.items()})
+        job.hung = sorted(hung)
         job.plugins = _states([states for _, _, states in per_rank if states is not None])
         job.states_seen = any(states is not None for _, _, states in per_rank)
         job.problem, job.log_tail = _problem(procs, ended, running, scratch / f"{attempt}")
@@ -326,26 +328,26 @@ def retry_hung(
 
     The stall rule cannot tell a hang from a test slowed past ``stall_s`` by the machine's load
     (8 ranks on 2 cores), and a test that stalled in one mode only would read as a regression
-    (measured: ``test_schedules.py``'s interleaved custom-groups case stalled with the plugins
-    on in one full run, off in another, and passes alone in both). A real hang (a collective
-    whose peers never come) hangs alone too and stays failed. The test's ``why`` says it ran
-    again; ``job.problem`` names what was re-run.
+    (measured: ``test_shared_experts.py``'s first case stalled in full runs at 8 ranks and
+    passed alone). A real hang (a collective whose peers never come) hangs alone too
+    and stays failed. The test's ``why`` says it ran again; ``job.problem`` names what was
+    re-run, and ``job.hung`` keeps the tests that hung again.
     """
-    hung = sorted(
-        t for t, o in job.outcomes.items() if o.status == FAILED and o.why.startswith(HUNG)
-    )
-    if not hung:
+    if not job.hung:
         return
-    again = launch(checkout, hung, job.world_size, job.mode, env, timeout_s, stall_s)
+    again = launch(checkout, job.hung, job.world_size, job.mode, env, timeout_s, stall_s)
     job.seconds += again.seconds
-    for test in hung:
+    job.problem += f"; run again alone: {', '.join(job.hung)}"
+    still = []
+    for test in job.hung:
         found = again.outcomes.get(test)
-        if found is None or found.why.startswith(HUNG):
+        if found is None or test in again.hung:
             job.outcomes[test] = Outcome(FAILED, f"{job.outcomes[test].why}; hung again alone")
+            still.append(test)
             continue
         note = f"hung in the full job; run again alone: {found.status}"
         job.outcomes[test] = Outcome(found.status, f"{note}: {found.why}" if found.why else note)
-    job.problem += f"; run again alone: {', '.join(hung)}"
+    job.hung = still
 
 
 def _start(
