@@ -157,6 +157,35 @@ def agree_on_group_names(tests_done: int) -> None:
         c10d._world.group_count = tests_done * GROUP_NAMES_PER_TEST
 
 
+def name_groups_by_their_ranks() -> None:
+    """Names each new process group by its count and its member ranks, not its count alone.
+
+    Some upstream tests have each rank call ``new_group`` with the ranks of its own pipeline
+    group (``test_schedules.py``'s ``_populate_embedding_and_position_groups``): on ranks 0 and
+    1, ``new_group([0, 6])`` and ``new_group([1, 7])`` both take the name of the same count.
+    NCCL builds a group on its first collective, so on GPUs the two never meet; gloo connects
+    at once, under a store prefix that is the name, and the two groups' ranks then pair across
+    groups or wait on each other (measured at 8 ranks: the two ``*_with_custom_pgs`` pipelining
+    cases hung in 1 to 2 of 3 runs, in either mode, with a rank in that ``new_group``). With
+    the ranks in the name such groups meet apart; a group every rank makes with the same
+    ranks keeps one name on every rank, and the count goes on as torch keeps it.
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    by_count = c10d._process_group_name
+    if getattr(by_count, "titan_by_ranks", False):
+        return
+
+    def by_count_and_ranks(ranks: list[int], use_hashed_name: bool) -> Any:
+        name = by_count(ranks, use_hashed_name)
+        if use_hashed_name or not ranks:
+            return name  # already by ranks (local synchronization), or the default group
+        return type(name)(f"{name}:{'-'.join(map(str, ranks))}")
+
+    by_count_and_ranks.titan_by_ranks = True  # type: ignore[attr-defined]
+    c10d._process_group_name = by_count_and_ranks
+
+
 def release_process_groups(force: bool = False) -> None:
     """Destroys every process group but the default one, once megatron's parallel state is down
     (``force``: after taking it down).
@@ -237,6 +266,7 @@ def look_like_one_gpu() -> None:
         return init_process_group(*args, **kwargs)
 
     torch.distributed.init_process_group = gloo_for_nccl
+    name_groups_by_their_ranks()
     no_te_reads_as_version_zero()
 
 
