@@ -176,6 +176,8 @@ BAD = [  # (id, file text, what the message says after the file name)
     ("ws-bool", entry(world_sizes=[True]), ".world_sizes[0]: must be a whole number >= 1: True"),
     ("ws-str", entry(world_sizes=["8"]), ".world_sizes[0]: must be a whole number >= 1: '8'"),
     ("ws-order", entry(world_sizes=[8, 1]), ".world_sizes: must be ascending, each size once"),
+    ("reads-empty", json.dumps({SUITE: {A: {"reads": " "}}}), f"{SUITE}['{A}'].reads: must say"),
+    ("reads-list", json.dumps({SUITE: {A: {"reads": ["x"]}}}), ".reads: must say, in words"),
     ("nc-list", json.dumps({"not_covered": []}), "not_covered: must be an object of patch id"),
     ("nc-empty", json.dumps({"not_covered": {"p.x": " "}}), "not_covered['p.x']: say why"),
     ("nc-int", json.dumps({"not_covered": {"p.x": 1}}), "not_covered['p.x']: say why"),
@@ -264,3 +266,14 @@ def test_selected_files_exist_in_the_megatron_lm_checkout(name):
         if any(serves(i) for i in test.covers) and not (CHECKOUT / test.path).is_file()
     ]
     assert missing == [], f"not in {CHECKOUT} (megatron-core {VERSION})"
+
+
+def test_a_plugin_that_only_reads_the_host_selects_files_by_what_it_reads(tmp_path):
+    # weight_sync patches nothing of Megatron; its trainer side reads Megatron's parallel
+    # state and parameter layouts, and is judged on the files that test those.
+    path = tmp_path / DATA_FILE
+    path.write_text(json.dumps({SUITE: {A: {"reads": "parallel state", "world_sizes": [8]}}}))
+    found = selection.read(path)
+    (test,) = found.tests
+    assert (test.path, test.covers, test.reads, test.world_sizes) == (A, (), "parallel state", (8,))
+    assert found.coverage([]).problems() == []

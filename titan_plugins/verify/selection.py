@@ -15,7 +15,10 @@ patch that no such file exercises, why not::
     }
 
 ``covers`` lists patch record ids (``Patch.id``); ``world_sizes`` (optional) the numbers of
-processes the file's tests are written for, ascending.
+processes the file's tests are written for, ascending. A plugin that patches nothing of the
+host but reads it (weight_sync's trainer side reads Megatron's parallel state and parameter
+layouts) selects the files that test what it reads with ``reads`` (what, in words) in place of
+``covers``: those tests run with it on and off like any other, and it is judged on them.
 
 An optional ``differential`` object says how ``titan-plugins verify``'s differential training
 check (:mod:`~titan_plugins.verify.differential`) runs and judges the plugin: ``config``
@@ -58,7 +61,7 @@ SUITES: dict[str, str] = {
     suite: folder for host in HOSTS.values() for suite, folder in host.UPSTREAM_TESTS.items()
 }
 """Upstream test suite (the data file's key) -> the folder of a host checkout its files are in."""
-_ENTRY_FIELDS = ("covers", "world_sizes")
+_ENTRY_FIELDS = ("covers", "reads", "world_sizes")
 _Bad = Callable[[str, str], Exception]  # (where, problem) -> the error to raise
 
 
@@ -74,6 +77,8 @@ class UpstreamTest:
     path: str
     covers: tuple[str, ...]
     world_sizes: tuple[int, ...] = ()
+    reads: str = ""
+    """What of the host the plugin reads that these tests check (an entry without ``covers``)."""
 
 
 @dataclass(frozen=True)
@@ -277,11 +282,18 @@ def _suite(suite: str, value: Any, bad: _Bad) -> list[UpstreamTest]:
         unknown = sorted(set(entry) - set(_ENTRY_FIELDS))
         if unknown:
             raise bad(f"{where}.{unknown[0]}", f"unknown field; fields: {', '.join(_ENTRY_FIELDS)}")
-        if "covers" not in entry:
-            raise bad(f"{where}.covers", "missing: list the patch ids the file exercises")
-        covers = _ids(entry["covers"], f"{where}.covers", bad)
+        reads = entry.get("reads", "")
+        if not isinstance(reads, str) or ("reads" in entry and not reads.strip()):
+            raise bad(f"{where}.reads", "must say, in words, what of the host the tests check")
+        if "covers" not in entry and not reads:
+            raise bad(
+                f"{where}.covers",
+                "missing: list the patch ids the file exercises (or, for a plugin that only "
+                "reads the host, say what in 'reads')",
+            )
+        covers = _ids(entry["covers"], f"{where}.covers", bad) if "covers" in entry else ()
         world_sizes = _world_sizes(entry.get("world_sizes", []), f"{where}.world_sizes", bad)
-        tests.append(UpstreamTest(suite, path, covers, world_sizes))
+        tests.append(UpstreamTest(suite, path, covers, world_sizes, reads))
     return tests
 
 
