@@ -361,16 +361,22 @@ class TestEachBuildsAModelWithItsOwnGroup:
 """
 
 
+def launch_one_file(folder: Path, name: str, text: str, ranks: int) -> tuple[str, Launch]:
+    """One upstream-style test file written into a scratch checkout, run in one job of
+    ``ranks`` workers with the plugins off: its path and the launch."""
+    tests = folder / "tests" / "unit_tests"
+    tests.mkdir(parents=True)
+    (tests / name).write_text(text)
+    path = f"tests/unit_tests/{name}"
+    return path, upstream.launch(folder, [path], ranks, OFF, {"TITAN_PLUGINS": "0"}, timeout_s=600)
+
+
 @pytest.mark.multiprocess
 def test_a_finished_test_s_instance_and_process_groups_are_let_go(tmp_path) -> None:
     # pytest keeps each test's class instance to the end of the session, and with it what
     # setup_method stored: at 8 ranks the destroyed gloo groups' threads piled up to 1,000 per
     # rank. The worker drops the instance after each test and destroys the groups left.
-    tests = tmp_path / "tests" / "unit_tests"
-    tests.mkdir(parents=True)
-    (tests / "test_holding.py").write_text(HOLDING_TESTS)
-    path = "tests/unit_tests/test_holding.py"
-    job = upstream.launch(tmp_path, [path], 1, OFF, {"TITAN_PLUGINS": "0"}, timeout_s=600)
+    path, job = launch_one_file(tmp_path, "test_holding.py", HOLDING_TESTS, ranks=1)
     assert job.outcomes == {
         f"{path}::TestEachBuildsAModelWithItsOwnGroup::test_first": Outcome(PASSED),
         f"{path}::TestEachBuildsAModelWithItsOwnGroup::test_second_finds_the_first_let_go": Outcome(PASSED),
@@ -407,11 +413,7 @@ def test_groups_of_different_ranks_made_at_the_same_count_meet_apart(tmp_path) -
     # gloo connects a group when it is made, under a store prefix that is its name; torch names
     # it by a count alone, so two pairs made at once on different ranks met under one name
     # (test_schedules.py's two *_with_custom_pgs cases hung in 1 to 2 of 3 runs at 8 ranks)
-    tests = tmp_path / "tests" / "unit_tests"
-    tests.mkdir(parents=True)
-    (tests / "test_own_pair.py").write_text(OWN_PAIR_TESTS)
-    path = "tests/unit_tests/test_own_pair.py"
-    job = upstream.launch(tmp_path, [path], 4, OFF, {"TITAN_PLUGINS": "0"}, timeout_s=600)
+    path, job = launch_one_file(tmp_path, "test_own_pair.py", OWN_PAIR_TESTS, ranks=4)
     assert job.outcomes == {
         f"{path}::test_each_rank_makes_the_group_of_its_own_pair": Outcome(PASSED)
     }
