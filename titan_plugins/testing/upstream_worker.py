@@ -173,8 +173,6 @@ def name_groups_by_their_ranks() -> None:
     from torch.distributed import distributed_c10d as c10d
 
     by_count = c10d._process_group_name
-    if getattr(by_count, "titan_by_ranks", False):
-        return
 
     def by_count_and_ranks(ranks: list[int], use_hashed_name: bool) -> Any:
         name = by_count(ranks, use_hashed_name)
@@ -182,7 +180,6 @@ def name_groups_by_their_ranks() -> None:
             return name  # already by ranks (local synchronization), or the default group
         return type(name)(f"{name}:{'-'.join(map(str, ranks))}")
 
-    by_count_and_ranks.titan_by_ranks = True  # type: ignore[attr-defined]
     c10d._process_group_name = by_count_and_ranks
 
 
