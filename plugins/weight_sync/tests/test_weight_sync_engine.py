@@ -14,6 +14,7 @@ These tests run in the SGLang leg of scripts/test.sh (``-m sglang``); without th
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -413,6 +414,113 @@ def test_slimes_send_weights_goes_through_weight_sync_or_falls_back_on_every_ran
     assert synced.client.generate(PROMPTS) == serving[1]
 
 
+class MilesShapedUpdater:
+    """What ``miles_update.update_weights`` uses of miles' ``DistBucketedWeightUpdateMixin``
+    (CI has no miles checkout; the opt-in test runs miles' own class): its two bucketed passes
+    (here this rank's Hugging Face weights, three tensors a bucket, handed to the callback on
+    the stage's source rank as miles' ``_is_source`` does), ``weight_version``, ``args``,
+    ``is_lora`` and the engines."""
+
+    def __init__(self, dense: dict, source: bool, urls: list[str], version: int, mode: str):
+        self.dense, self._is_source = dense, source
+        self.rollout_engines, self.weight_version = urls, version
+        self.args = argparse.Namespace(pause_generation_mode=mode)
+        self.is_lora = False
+        self.buckets_seen = 0
+
+    def _gather_and_update_non_expert_weights(self, update_bucket_weight_func, pbar=None):
+        names = sorted(self.dense) if self._is_source else []
+        for i in range(0, len(names), 3):
+            self.buckets_seen += 1
+            update_bucket_weight_func([(n, self.dense[n]) for n in names[i : i + 3]], pbar)
+
+    def _gather_and_update_expert_weights(self, update_bucket_weight_func, pbar=None):
+        pass  # a dense model: miles' expert pass hands over nothing
+
+
+def miles_shaped_task(layout: dict, synced: str, secret_file: str, version: int, mode: str) -> dict:
+    """miles' ``update_weights`` through ``miles_update`` on every rank of a PP=2 trainer,
+    miles' gloo group being the world; ``original`` (miles' own update) records that it ran and
+    counts the version, as miles' does."""
+    from megatron.core import parallel_state as ps
+    from titan_weight_sync import held, miles_update
+    from titan_weight_sync.megatron_export import local_hf_weights
+
+    tiny_gpt.init_parallel(**layout)
+    cfg = tiny_llama.make_config()
+    chunks = tiny_llama.build(cfg)
+    dense, _ = local_hf_weights(chunks, cfg)
+    source = ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
+    updater = MilesShapedUpdater(dense, source, [synced], version, mode)
+    ran: list[str] = []
+
+    def miles_own(u) -> None:
+        u.weight_version += 1
+        ran.append("miles")
+
+    saved = dict(os.environ)
+    os.environ.update(
+        TITAN_WEIGHT_SYNC_SECRET_FILE=secret_file,
+        TITAN_WEIGHT_SYNC_PROTOCOL="tcp",
+        TITAN_WEIGHT_SYNC_HOST="127.0.0.1",
+        TITAN_WEIGHT_SYNC_STAGING_BYTES="64KiB",
+    )
+    stand_ins = {  # miles' own lookups, each given what miles would answer here
+        "_group": lambda: None,  # miles' gloo group spans every rank: the world here
+        "_engine_urls": lambda u: list(u.rollout_engines),
+        "_is_stage_writer": lambda: source,
+        "_session": lambda u: {"pause_mode": u.args.pause_generation_mode, "selector": "all"},
+    }
+    originals = {name: getattr(miles_update, name) for name in stand_ins}
+    for name, stand_in in stand_ins.items():
+        setattr(miles_update, name, stand_in)
+    before = stats.snapshot().get("fallbacks", 0)
+    try:
+        miles_update.update_weights(miles_own, updater)
+    finally:
+        for name, original in originals.items():
+            setattr(miles_update, name, original)
+        os.environ.clear()
+        os.environ.update(saved)
+        held.release(updater)
+    return {
+        "miles_ran": ran,
+        "fallbacks": stats.snapshot().get("fallbacks", 0) - before,
+        "buckets": updater.buckets_seen,
+        "tensors": len(dense) if source else 0,
+        "version": updater.weight_version,
+    }
+
+
+def test_miles_update_goes_through_weight_sync_or_falls_back_on_every_rank(
+    job, gloo_pool2, tmp_path
+) -> None:
+    synced = job["synced"]
+    serving = _serving(job)
+    # an engine that refuses the trainer: miles' own update runs everywhere, counting once
+    other = str(tmp_path / "other-secret")
+    auth.write_secret(other)
+    outs = gloo_pool2.run(miles_shaped_task, {"pp": 2}, synced.url, other, 7, "retract")
+    assert [o["miles_ran"] for o in outs] == [["miles"], ["miles"]], outs
+    assert [o["fallbacks"] for o in outs] == [1, 1]
+    assert [o["buckets"] for o in outs] == [0, 0]  # nothing consumed: miles' passes start clean
+    assert [o["version"] for o in outs] == [8, 8]
+    assert _serving(job) == serving
+    # the job's secret, miles paused in place: every stage writes, miles' own never runs
+    outs = gloo_pool2.run(miles_shaped_task, {"pp": 2}, synced.url, job["secret"], 8, "in_place")
+    assert [o["miles_ran"] for o in outs] == [[], []], outs
+    assert [o["fallbacks"] for o in outs] == [0, 0]
+    assert all(o["buckets"] == -(-o["tensors"] // 3) and o["buckets"] > 0 for o in outs), outs
+    assert [o["version"] for o in outs] == [9, 9]
+    assert synced.client.weight_version() == "9"
+    assert synced.client.generate(PROMPTS) != serving[1]
+    # back to the last checkpoint (the fault tests compare against what it serves)
+    sync = WeightSync([synced.url], settings(job["secret"]))
+    sync.sync(_weights(job), "restored")
+    sync.close()
+    assert synced.client.generate(PROMPTS) == serving[1]
+
+
 SLIME_DIR = os.environ.get("SLIME_DIR", "")
 
 
@@ -471,6 +579,72 @@ def test_slimes_own_update_path_sends_through_weight_sync(job, layout, tmp_path)
     else:
         assert sent[1] == 0, sent  # tensor-parallel rank 1 only joined slime's gathers
     job["last"] = {"checkpoint": str(tmp_path / "slime_2")}  # what the engine serves now
+
+
+MILES_DIR = os.environ.get("MILES_DIR", "")
+
+
+@pytest.mark.skipif(
+    not MILES_DIR,
+    reason="opt-in: MILES_DIR=<a radixark/miles checkout>, with miles' tqdm importable and "
+    "MILES_SGLANG_SITE=<the SGLang venv's site-packages> (the command is in docs/hosts.md)",
+)
+@pytest.mark.parametrize(
+    "layout", [{"tp": 2, "pp": 1, "mode": "retract"}, {"tp": 1, "pp": 2, "mode": "in_place"}],
+    ids=["tp2-retract", "pp2-in_place"],
+)  # fmt: skip
+def test_miles_own_update_path_sends_through_weight_sync(job, layout, tmp_path) -> None:
+    """miles' real ``UpdateWeightFromDistributed.update_weights`` (its passes, its gathers, its
+    ``convert_to_hf``) under torchrun, with the plugin activated the way a user's job has it."""
+    synced, reference = job["synced"], job["reference"]
+    spec = {
+        "tp": layout["tp"],
+        "pp": layout["pp"],
+        "pause_mode": layout["mode"],
+        "synced": synced.url,
+        "reference": reference.url,
+        "out": str(tmp_path),
+        "updates": 2,
+        "buffer_bytes": 64 << 10,  # miles' buckets: several per stage
+        "prompts": PROMPTS,
+    }
+    env = {
+        **os.environ,
+        "MILES_DIR": MILES_DIR,
+        "TITAN_PLUGINS_ONLY": "weight_sync",
+        "TITAN_PLUGINS_STRICT": "1",
+        "TITAN_WEIGHT_SYNC_SECRET_FILE": job["secret"],
+        "TITAN_WEIGHT_SYNC_PROTOCOL": "tcp",
+        "TITAN_WEIGHT_SYNC_HOST": "127.0.0.1",
+        "TITAN_WEIGHT_SYNC_STAGING_BYTES": "64KiB",
+        "OMP_NUM_THREADS": "1",
+    }
+    env.pop("TITAN_PLUGINS_AUTOLOAD", None)  # the automatic channel, as in a user's job
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(free_port()), str(Path(__file__).with_name("miles_job.py")),
+         json.dumps(spec)],
+        capture_output=True, text=True, timeout=900, env=env,
+    )  # fmt: skip
+    line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    if done.returncode != 0 or not line:
+        first_error = done.stderr[done.stderr.find("Traceback") :][:6000]
+        pytest.fail(f"the miles job failed (exit {done.returncode}):\n{first_error}")
+    result = json.loads(line[0][len("RESULT ") :])
+    records, stats_by_rank = result["records"], result["stats"]
+    assert [r["version"] for r in records] == ["1", "2"]
+    assert [r["updater_version"] for r in records] == [1, 2]
+    for record in records:
+        assert record["synced"] == record["reference"], record["version"]
+    assert records[0]["synced"] != records[1]["synced"]
+    assert all(s.get("fallbacks", 0) == 0 for s in stats_by_rank), stats_by_rank
+    sent = [s.get("miles_tensors_sent", 0) for s in stats_by_rank]
+    assert sum(sent) == 2 * 21, sent  # the whole model, each update
+    if layout["pp"] == 2:
+        assert sent[0] > 0 and sent[1] > 0, sent  # each stage sent its own layers
+    else:
+        assert sent[1] == 0, sent  # tensor-parallel rank 1 only joined miles' gathers
+    job["last"] = {"checkpoint": str(tmp_path / "miles_2")}  # what the engine serves now
 
 
 @pytest.fixture(scope="module")
@@ -569,9 +743,9 @@ def test_replayed_and_forged_commits_are_refused(job, monkeypatch) -> None:
     sent: list[bytes] = []
     original = EngineAPI.titan
 
-    def recording(self, payload, weight_version=None):
+    def recording(self, payload, weight_version=None, flush_cache=True):
         sent.append(payload)
-        return original(self, payload, weight_version)
+        return original(self, payload, weight_version, flush_cache)
 
     monkeypatch.setattr(EngineAPI, "titan", recording)
     sync = WeightSync([job["synced"].url], settings(job["secret"]))

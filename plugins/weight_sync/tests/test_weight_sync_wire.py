@@ -128,3 +128,34 @@ def test_a_checkpoint_header_is_bounded(tmp_path) -> None:
     (tmp_path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
     with pytest.raises(ValueError, match="dtype 'Q4'"):
         layout.checkpoint_table(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("options", "why"),
+    [({"pause_mode": "paused"}, "pause mode 'paused'"), ({"selector": "both"}, "selector 'both'")],
+)
+def test_a_session_option_sglang_lacks_is_refused_by_name(options: dict, why: str) -> None:
+    from titan_weight_sync.errors import WeightSyncError
+    from titan_weight_sync.settings import WeightSyncSettings
+    from titan_weight_sync.trainer_side import WeightSync
+
+    with pytest.raises(WeightSyncError, match=why):
+        WeightSync(["http://127.0.0.1:1"], WeightSyncSettings(protocol="tcp"), **options)
+
+
+def test_a_framework_updater_keeps_its_connection_until_the_engines_or_options_change() -> None:
+    from titan_weight_sync import held
+
+    class Updater:
+        pass
+
+    updater = Updater()
+    first = held.engines(updater, ["http://127.0.0.1:1"], pause_mode="retract")
+    assert held.engines(updater, ["http://127.0.0.1:1"], pause_mode="retract") is first
+    assert held.writer(updater) is first.writer  # rank 0 shares its connection's staging
+    in_place = held.engines(updater, ["http://127.0.0.1:1"], pause_mode="in_place")
+    assert in_place is not first and in_place.pause_mode == "in_place"
+    other = held.engines(updater, ["http://127.0.0.1:2"], pause_mode="in_place")
+    assert other is not in_place and [api.url for api in other.apis] == ["http://127.0.0.1:2"]
+    held.release(updater)
+    assert getattr(updater, held.SYNC) is None

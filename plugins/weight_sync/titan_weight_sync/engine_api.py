@@ -66,14 +66,17 @@ class EngineAPI:
             )
         return answer
 
-    def titan(self, payload: bytes, weight_version: str | None = None) -> tuple[bool, str]:
-        """Send one weight_sync message inside SGLang's ``update_weights_from_tensor``."""
+    def titan(
+        self, payload: bytes, weight_version: str | None = None, flush_cache: bool = True
+    ) -> tuple[bool, str]:
+        """Send one weight_sync message inside SGLang's ``update_weights_from_tensor``
+        (``flush_cache``: SGLang flushes the cache after a commit that loaded)."""
         answer = self.call(
             "/update_weights_from_tensor",
             {
                 "serialized_named_tensors": [base64.b64encode(payload).decode()],
                 "load_format": LOAD_FORMAT,
-                "flush_cache": True,
+                "flush_cache": flush_cache,
                 "weight_version": weight_version,
             },
         )

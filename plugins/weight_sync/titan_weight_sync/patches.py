@@ -16,6 +16,7 @@ from titan_plugins.patching import Patch, Signature
 
 UPDATER = "sglang.srt.managers.scheduler_components.weight_updater"
 SLIME_UPDATE = "slime.backends.megatron_utils.update_weight.update_weight_from_distributed"
+MILES_UPDATE = "miles.backends.megatron_utils.update_weight.update_weight_from_distributed.mixin"
 LOAD_FORMAT = "titan_weight_sync"
 """The ``load_format`` of SGLang's ``update_weights_from_tensor`` requests that carry this
 plugin's messages (:mod:`titan_weight_sync.wire`)."""
@@ -47,6 +48,19 @@ def _slime_send_weights(original: Callable[..., Any]) -> Callable[..., Any]:
         send_weights(original, self, pbar)
 
     return _send_weights
+
+
+def _miles_update_weights(original: Callable[..., Any]) -> Callable[..., Any]:
+    """miles' ``DistBucketedWeightUpdateMixin.update_weights`` through weight_sync (miles' own
+    update when weight_sync cannot serve it)."""
+
+    @functools.wraps(original)
+    def update_weights(self: Any) -> None:
+        from titan_weight_sync.miles_update import update_weights as through_weight_sync
+
+        through_weight_sync(original, self)
+
+    return update_weights
 
 
 def patches() -> list[Patch]:
@@ -112,5 +126,49 @@ def patches() -> list[Patch]:
             "update_weight_from_distributed.py UpdateWeightFromDistributed._send_weights "
             "(THUDM/slime 624b824a)",
             remove_when="slime ships a one-sided weight update of its own (its P2P RFC)",
+        ),
+        Patch(
+            id="weight_sync.miles_update",
+            target=f"{MILES_UPDATE}:DistBucketedWeightUpdateMixin.update_weights",
+            replace=_miles_update_weights,
+            # miles is run from a checkout too: gated on the Megatron it runs
+            requires=(SUPPORTED_MEGATRON,),
+            optional=True,
+            signature=(
+                Signature(
+                    positional=("self",),
+                    attrs=(
+                        "DistBucketedWeightUpdateMixin._gather_and_update_non_expert_weights",
+                        "DistBucketedWeightUpdateMixin._gather_and_update_expert_weights",
+                        "get_gloo_group",
+                    ),
+                    contains=(
+                        "self.weight_version += 1",
+                        "self._pause_and_prepare_engines()",
+                        "self._gather_and_update_non_expert_weights(self._update_weight_"
+                        "implementation, pbar)",
+                        "self._gather_and_update_expert_weights(self._update_weight_"
+                        "implementation, pbar)",
+                        "self._finalize_and_resume_engines()",
+                    ),
+                ),
+                Signature(
+                    of="DistBucketedWeightUpdateMixin._gather_and_update_non_expert_weights",
+                    params=("update_bucket_weight_func", "pbar"),
+                    contains=("update_bucket_weight_func(converted_named_tensors, pbar)",),
+                ),
+                Signature(
+                    of="DistBucketedWeightUpdateMixin._gather_and_update_expert_weights",
+                    params=("update_bucket_weight_func", "pbar"),
+                ),
+            ),
+            rationale="send miles' HF-converted buckets (its TP / EP gathers, its convert_to_hf) "
+            "one-sided from each stage's source rank while the engines keep serving, and commit "
+            "once, all or nothing, in SGLang's session (miles' pause mode and selector); "
+            "covers its broadcast and P2P updaters; miles' own update runs when weight_sync "
+            "cannot serve",
+            upstream="miles/backends/megatron_utils/update_weight/update_weight_from_distributed/"
+            "mixin.py DistBucketedWeightUpdateMixin.update_weights (radixark/miles 31f1ca96)",
+            remove_when="miles' P2P update authenticates its writers and commits all or nothing",
         ),
     ]

@@ -21,15 +21,11 @@ from typing import Any
 
 import torch
 
-from titan_weight_sync import stats
+from titan_weight_sync import held, stats
 from titan_weight_sync.errors import WeightSyncError
-from titan_weight_sync.settings import WeightSyncSettings
 from titan_weight_sync.staged import staged_sync
-from titan_weight_sync.trainer_side import LandingWriter, WeightSync
 
 logger = logging.getLogger("titan_plugins.weight_sync")
-_SYNC = "_titan_weight_sync"
-_WRITER = "_titan_weight_sync_writer"
 
 
 def send_weights(original: Callable[[Any, Any], None], updater: Any, pbar: Any) -> None:
@@ -41,8 +37,8 @@ def send_weights(original: Callable[[Any, Any], None], updater: Any, pbar: Any) 
     first = dist.get_rank(group) == 0
     try:
         count = staged_sync(
-            (lambda: _engines(updater)) if first else None,
-            lambda: _writer(updater),
+            (lambda: held.engines(updater, _engine_urls(updater))) if first else None,
+            lambda: held.writer(updater),
             _pieces(updater, pbar, group),
             str(updater.weight_version),
             group,
@@ -84,28 +80,3 @@ def _engine_urls(updater: Any) -> list[str]:
     import ray
 
     return ray.get([engine.get_url.remote() for engine in updater.rollout_engines])
-
-
-def _engines(updater: Any) -> WeightSync:
-    """Rank 0's connection to slime's engines (rebuilt when slime reconnects to others)."""
-    urls = _engine_urls(updater)
-    held = getattr(updater, _SYNC, None)
-    if held is not None and [api.url for api in held.apis] == urls:
-        return held
-    if held is not None:
-        held.close()
-    sync = WeightSync(urls)
-    setattr(updater, _SYNC, sync)
-    return sync
-
-
-def _writer(updater: Any) -> LandingWriter:
-    """This rank's writer (rank 0 shares its connection's staging buffer)."""
-    held = getattr(updater, _SYNC, None)
-    if held is not None:
-        return held.writer
-    writer = getattr(updater, _WRITER, None)
-    if writer is None:
-        writer = LandingWriter(WeightSyncSettings.read())
-        setattr(updater, _WRITER, writer)
-    return writer

@@ -48,48 +48,85 @@ def staged_sync(
     :raises WeightSyncError: on every rank, with the same message, when the sync failed; every
         engine then serves its last complete version.
     """
-    import torch.distributed as dist
-
-    first = dist.get_rank(group) == 0
-    root = dist.get_global_rank(group, 0) if group is not None else 0
-    opened: list[Any] = [None]
-    sync: WeightSync | None = None
-    if first:
-        try:
-            if open_sync is None:
-                raise WeightSyncError("weight_sync: the group's first rank has no engines")
-            sync = open_sync()
-            opened[0] = sync.open()
-        except Exception as err:  # the other ranks wait for an answer: never leave them hanging
-            opened[0] = _reason(err)
-    dist.broadcast_object_list(opened, src=root, group=group)
-    if isinstance(opened[0], str):
-        raise WeightSyncError(opened[0])  # nothing was consumed: the caller's path starts clean
-    landings: Landings = opened[0]
-
-    digests: dict[str, str] = {}
-    failure = ""
+    stage = StagedSync(open_sync, writer, version, group)
     for piece in pieces:
-        if failure or not piece:
-            continue
-        try:
-            for name, digest in writer().write(landings, piece).items():
-                if name in digests:
-                    raise WeightSyncError(f"weight_sync: {name} was given twice by this rank")
-                digests[name] = digest
-        except Exception as err:  # keep consuming: the pieces' collectives must stay in step
-            failure = _reason(err)
-    everyone: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, (digests, failure), group=group)
+        stage.send(piece)
+    return stage.finish()
 
-    outcome: list[Any] = [""]
-    if first:
-        assert sync is not None
-        outcome[0] = _commit_all(sync, everyone, version)
-    dist.broadcast_object_list(outcome, src=root, group=group)
-    if outcome[0]:
-        raise WeightSyncError(outcome[0])
-    return len(digests)
+
+class StagedSync:
+    """:func:`staged_sync` one step at a time, for a framework that hands its parts over in
+    callbacks rather than as an iterator (miles' bucketed update). Every rank of ``group``
+    makes one (a collective: the exchange opens), calls :meth:`send` for each of its parts
+    (possibly none) and then :meth:`finish` (a collective: the commit).
+
+    :raises WeightSyncError: on every rank, with the same message, when the exchange could not
+        be opened (nothing was written: the caller's own path starts clean).
+    """
+
+    def __init__(
+        self,
+        open_sync: Callable[[], WeightSync] | None,
+        writer: Callable[[], LandingWriter],
+        version: str,
+        group: Any = None,
+    ) -> None:
+        import torch.distributed as dist
+
+        self.group = group
+        self.version = version
+        self.first = dist.get_rank(group) == 0
+        self.root = dist.get_global_rank(group, 0) if group is not None else 0
+        self._writer = writer
+        self._sync: WeightSync | None = None
+        self.digests: dict[str, str] = {}
+        self.failure = ""
+        opened: list[Any] = [None]
+        if self.first:
+            try:
+                if open_sync is None:
+                    raise WeightSyncError("weight_sync: the group's first rank has no engines")
+                self._sync = open_sync()
+                opened[0] = self._sync.open()
+            except Exception as err:  # the other ranks wait for an answer: never leave them hanging
+                opened[0] = _reason(err)
+        dist.broadcast_object_list(opened, src=self.root, group=group)
+        if isinstance(opened[0], str):
+            raise WeightSyncError(opened[0])
+        self.landings: Landings = opened[0]
+
+    def send(self, piece: Mapping[str, torch.Tensor]) -> None:
+        """Write one part of this rank's weights into every engine. Never raises: after a
+        failure the rest are consumed unwritten (the framework's collectives that produce them
+        must stay in step) and :meth:`finish` reports it on every rank."""
+        if self.failure or not piece:
+            return
+        try:
+            for name, digest in self._writer().write(self.landings, piece).items():
+                if name in self.digests:
+                    raise WeightSyncError(f"weight_sync: {name} was given twice by this rank")
+                self.digests[name] = digest
+        except Exception as err:
+            self.failure = _reason(err)
+
+    def finish(self) -> int:
+        """Commit when every rank wrote its part (else abort); the number of tensors this rank
+        wrote.
+
+        :raises WeightSyncError: on every rank, with the same message, when the sync failed.
+        """
+        import torch.distributed as dist
+
+        everyone: list[Any] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(everyone, (self.digests, self.failure), group=self.group)
+        outcome: list[Any] = [""]
+        if self.first:
+            assert self._sync is not None
+            outcome[0] = _commit_all(self._sync, everyone, self.version)
+        dist.broadcast_object_list(outcome, src=self.root, group=self.group)
+        if outcome[0]:
+            raise WeightSyncError(outcome[0])
+        return len(self.digests)
 
 
 def _commit_all(sync: WeightSync, everyone: list[Any], version: str) -> str:

@@ -178,16 +178,42 @@ class LandingWriter:
         return dict(digests)
 
 
+PAUSE_MODES = ("retract", "abort", "in_place")
+SELECTORS = ("all", "target", "draft")
+
+
 class WeightSync:
     """The trainer's connection to a set of engines (``http://host:port`` each).
 
     :param engines: the engines' HTTP addresses.
     :param settings: the knobs (default: read now).
+    :param pause_mode: how SGLang pauses generation for the commit (its ``pause_generation``
+        modes; miles' ``--pause-generation-mode``). ``in_place`` keeps the paused requests and
+        their cache: the cache is flushed after the commit only when no request is paused (SGLang
+        flushes only an idle engine), as the framework's own in-place update leaves it.
+    :param selector: which of the engine's models SGLang's session opens (``all``, ``target``:
+        not the speculative draft, ``draft``).
     """
 
-    def __init__(self, engines: list[str], settings: WeightSyncSettings | None = None) -> None:
+    def __init__(
+        self,
+        engines: list[str],
+        settings: WeightSyncSettings | None = None,
+        pause_mode: str = "retract",
+        selector: str = "all",
+    ) -> None:
         if not engines:
             raise WeightSyncError("weight_sync: no engine to sync into")
+        if pause_mode not in PAUSE_MODES:
+            raise WeightSyncError(
+                f"weight_sync: pause mode {pause_mode!r} is none of SGLang's {PAUSE_MODES}"
+            )
+        if selector not in SELECTORS:
+            raise WeightSyncError(
+                f"weight_sync: selector {selector!r} is none of SGLang's {SELECTORS}"
+            )
+        self.pause_mode = pause_mode
+        self.selector = selector
         self.settings = settings or WeightSyncSettings.read()
         self.apis = [EngineAPI(url, self.settings.timeout_s) for url in engines]
         self.writer = LandingWriter(self.settings)
@@ -318,13 +344,17 @@ class WeightSync:
         self, secret: bytes, target: _Target, version: str, digests: list[tuple[str, str]]
     ) -> None:
         api = target.api
-        api.require("/pause_generation", {"mode": "retract"})
+        flush = self.pause_mode != "in_place"  # in place keeps the paused requests' cache
+        api.require("/pause_generation", {"mode": self.pause_mode})
         target.paused = True
-        api.require("/flush_cache")
-        api.require("/begin_weight_update")
+        if flush:
+            api.require("/flush_cache")
+        api.require("/begin_weight_update", {"selector": self.selector})
         target.begun = True
         nonce, target.nonce = target.nonce, ""  # the engine closes the exchange either way
-        ok, text = api.titan(wire.commit_request(secret, nonce, version, digests), version)
+        ok, text = api.titan(
+            wire.commit_request(secret, nonce, version, digests), version, flush_cache=flush
+        )
         if not ok:
             raise WeightSyncError(f"weight_sync: {api.url}: {text}")
         try:
@@ -335,6 +365,13 @@ class WeightSync:
             raise WeightSyncError(f"weight_sync: {api.url} loaded {loaded} of {len(digests)}")
         api.require("/end_weight_update")
         target.begun = False
+        if not flush:
+            # SGLang flushes only an idle engine: with no request paused in place, the old
+            # weights' cached prefixes go now; with some, they stay until evicted (as in the
+            # framework's own in-place update)
+            flushed = api.call("/flush_cache")
+            if flushed.get("success") is False:
+                logger.info("weight_sync: %s kept its cache: %s", api.url, flushed.get("message"))
         api.require("/continue_generation")
         target.paused = False
 
