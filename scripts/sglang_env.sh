@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
-# Create (or update) .venv-sglang: SGLang 0.5.23 on CPU for the weight_sync / SGLang-host tests and
-# the benchmark (engines run there; the trainer runs in the Megatron line's venv). Every package
-# is pinned in requirements/sglang-0.5.23.txt and installed with --no-deps: sglang's own metadata
-# pulls a CUDA torch, torchvision, sgl-kernel and flashinfer. The two imports with no CPU build
-# are stubbed by tests/sglang_env/titan_sglang_cpu_stubs.py, for this venv only. Then the core and
-# weight_sync, editable. Idempotent: a second run only re-checks.
+# Create (or update) the SGLang venv of one release on CPU, for the weight_sync / SGLang-host tests
+# and the benchmark (engines run there; the trainer runs in the Megatron line's venv).
+# SGLANG_RELEASE picks it: 0.5.23 (default, .venv-sglang) or 0.5.15.post1 (slime's pin,
+# .venv-sglang-0.5.15.post1). Every package is pinned in requirements/sglang-<release>.txt and
+# installed with --no-deps: sglang's own metadata pulls a CUDA torch, torchvision, sgl-kernel and
+# flashinfer. The two imports with no CPU build are stubbed by
+# tests/sglang_env/titan_sglang_cpu_stubs.py, for this venv only. Then the core and weight_sync,
+# editable. Idempotent: a second run only re-checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${SGLANG_VENV:-.venv-sglang}
-requirements=requirements/sglang-0.5.23.txt
+RELEASE=${SGLANG_RELEASE:-0.5.23}
+case "$RELEASE" in
+  0.5.23) default_venv=.venv-sglang ;;
+  0.5.15.post1) default_venv=.venv-sglang-$RELEASE ;;
+  *)
+    echo "SGLANG_RELEASE=$RELEASE: the served SGLang releases are 0.5.23 and 0.5.15.post1" >&2
+    exit 2
+    ;;
+esac
+VENV=${SGLANG_VENV:-$default_venv}
+requirements=requirements/sglang-$RELEASE.txt
 stamp=$VENV/.titan-bootstrap
 want=$(cat "$requirements" setup.cfg plugins/weight_sync/setup.cfg tests/sglang_env/titan_sglang_cpu_stubs.py scripts/sglang_env.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
@@ -27,7 +38,7 @@ site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["pur
 # pip's isolated build environments break with the stubs' sys.path lines: out while pip runs
 rm -f "$site/zz_titan_sglang_cpu_stubs.pth"
 log=$VENV/bootstrap.log
-echo "sglang_env: installing SGLang 0.5.23 (CPU), the core and weight_sync into $VENV ($log)" >&2
+echo "sglang_env: installing SGLang $RELEASE (CPU), the core and weight_sync into $VENV ($log)" >&2
 if ! {
   "$VENV/bin/python" -m pip install -q torch==2.13.0 &&
     "$VENV/bin/python" -m pip install -q --no-deps -r "$requirements" &&
@@ -43,6 +54,8 @@ mkdir -p "$stubs/dist"
 dist="$stubs/dist/torchvision-0.28.0.dist-info"
 mkdir -p "$dist"
 printf 'Metadata-Version: 2.1\nName: torchvision\nVersion: 0.28.0\n' >"$dist/METADATA"
+# transformers 5.12 finds a distribution's version through its top-level package names
+printf 'torchvision\n' >"$dist/top_level.txt"
 printf 'import sys; sys.path.insert(0, %s); sys.path.insert(0, %s); import titan_sglang_cpu_stubs\n' \
   "'$stubs/dist'" "'$stubs'" >"$site/zz_titan_sglang_cpu_stubs.pth"
 echo "$want" >"$stamp"

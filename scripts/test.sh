@@ -5,8 +5,9 @@
 # composition matrix and the demo on the lines between (SOME_LINES: 0.17.1 and 0.18.2). Each line
 # has its own venv (scripts/megatron_line.sh). With MEGATRON_CORE set, only that line runs, with
 # the pytest arguments given (e.g. MEGATRON_CORE=0.18.2 ./scripts/test.sh -q tests/test_demo.py).
-# The SGLang leg: the tests marked ``sglang`` (CPU SGLang engines started from .venv-sglang,
-# scripts/sglang_env.sh; the trainer side in the default line's venv) run once, after the lines.
+# The SGLang legs: the tests marked ``sglang`` (CPU SGLang engines started from the SGLang venv of
+# 0.5.23 and of 0.5.15.post1, scripts/sglang_env.sh; the trainer side in the default line's venv)
+# run once per release, after the lines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FULL_LINES=${FULL_LINES:-0.19.2 0.16.1}
@@ -43,10 +44,16 @@ for line in $FULL_LINES $SOME_LINES; do
   MEGATRON_CORE=$line "$venv/bin/python" -m pytest --junitxml="$results/$line.xml" "${tests[@]}" || status=$?
 done
 if [ "${SGLANG_LEG:-1}" = 1 ]; then
-  ./scripts/sglang_env.sh
   venv=$(bash -c '. scripts/megatron_line.sh; echo "$VENV"')
-  echo "== SGLang 0.5.23 (.venv-sglang) with megatron-core $(bash -c '. scripts/megatron_line.sh; echo "$MEGATRON_CORE"') trainers: pytest -m sglang" >&2
-  TITAN_SGLANG_PYTHON=.venv-sglang/bin/python "$venv/bin/python" -m pytest --junitxml="$results/sglang.xml" -m sglang "$@" || status=$?
+  # 0.5.23 and slime's pin, 0.5.15.post1 (weight_sync's engine side has a record for each)
+  for release in 0.5.23 0.5.15.post1; do
+    SGLANG_RELEASE=$release ./scripts/sglang_env.sh
+    sglang_venv=.venv-sglang
+    [ "$release" = 0.5.23 ] || sglang_venv=.venv-sglang-$release
+    echo "== SGLang $release ($sglang_venv) with megatron-core $(bash -c '. scripts/megatron_line.sh; echo "$MEGATRON_CORE"') trainers: pytest -m sglang" >&2
+    TITAN_SGLANG_PYTHON=$sglang_venv/bin/python "$venv/bin/python" -m pytest \
+      --junitxml="$results/sglang-$release.xml" -m sglang "$@" || status=$?
+  done
 fi
 # One closing line for the whole run, summed over every line's pytest.
 python3 - "$results" <<'PY'
@@ -56,7 +63,8 @@ for path in sorted(pathlib.Path(sys.argv[1]).glob("*.xml")):
     for suite in ET.parse(path).getroot().iter("testsuite"):
         for key in total:
             total[key] += int(suite.get(key, 0))
-        leg = "SGLang 0.5.23" if path.stem == "sglang" else f"megatron-core {path.stem}"
+        name = path.stem
+        leg = f"SGLang {name[7:]}" if name.startswith("sglang-") else f"megatron-core {name}"
         print(f"{leg}: {suite.get('tests')} tests, {suite.get('failures')} failed, "
               f"{suite.get('errors')} errors, {suite.get('skipped')} skipped")
 failed = total["failures"] + total["errors"]

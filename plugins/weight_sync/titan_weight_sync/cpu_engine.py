@@ -63,6 +63,9 @@ class CPUEngine:
             "SGLANG_USE_CPU_ENGINE": "1",
             "TITAN_WEIGHT_SYNC_PROTOCOL": "tcp",
             "OMP_NUM_THREADS": "1",
+            # 0.5.15.post1 checks a gRPC port even with gRPC off (its default, --port + 10000,
+            # overflows for an ephemeral --port)
+            "SGLANG_GRPC_PORT": str(free_port()),
             **(env or {}),
         }
         full_env.pop("TITAN_PLUGINS_AUTOLOAD", None)  # the engine loads plugins as users' do
@@ -144,10 +147,23 @@ class EngineClient:
         """The engine's weight version now."""
         return str(self.api.call("/model_info", get=True).get("weight_version"))
 
+    def sglang_version(self) -> str:
+        """The engine's SGLang release (``/server_info``)."""
+        return str(self.api.call("/server_info", get=True).get("version"))
+
+    def has_session(self) -> bool:
+        """Whether the engine's SGLang has the weight-update session (0.5.23; not
+        0.5.15.post1)."""
+        return not self.sglang_version().startswith("0.5.15")
+
     def load_from_disk(self, model_dir: str | Path, version: str) -> None:
-        """SGLang's own ``update_weights_from_disk``, inside its session (the reference path)."""
-        self.api.require("/begin_weight_update")
+        """SGLang's own ``update_weights_from_disk``, inside its session where it has one (the
+        reference path)."""
+        session = self.has_session()
+        if session:
+            self.api.require("/begin_weight_update")
         self.api.require(
             "/update_weights_from_disk", {"model_path": str(model_dir), "weight_version": version}
         )
-        self.api.require("/end_weight_update")
+        if session:
+            self.api.require("/end_weight_update")

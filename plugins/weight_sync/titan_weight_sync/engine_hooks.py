@@ -3,65 +3,128 @@
 
 A message arrives as SGLang's own ``update_weights_from_tensor`` request with ``load_format``
 ``titan_weight_sync``. It is answered here on the scheduler's event loop, between batches, as
-SGLang answers its own weight requests. So the load runs where SGLang's own loads run, and
-inside the session the trainer opened with ``begin_weight_update``. On success SGLang records
-the request's ``weight_version`` and flushes the cache, as for its own update.
+SGLang answers its own weight requests, so the load runs where SGLang's own loads run:
+
+- SGLang 0.5.23 (:func:`serve`): inside the weight-update session the trainer opened with
+  ``begin_weight_update``; on success the scheduler records the request's ``weight_version`` and
+  flushes the cache, as for SGLang's own update;
+- SGLang 0.5.15.post1 (:func:`serve_sessionless`, slime's pin): it has no session, so a commit is
+  loaded only while generation is paused (``pause_generation``); SGLang's tokenizer manager
+  records the version of a successful request itself, and the scheduler flushes the cache.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from titan_weight_sync import stats
-from titan_weight_sync.engine_side import EngineEndpoint, Refused
+from titan_weight_sync.engine_side import EngineEndpoint, Loader, Refused
 from titan_weight_sync.errors import WeightSyncError
 
 logger = logging.getLogger("titan_plugins.weight_sync")
 _ENDPOINT: dict[str, EngineEndpoint] = {}
+AfterCommit = Callable[[bool, str], tuple[bool, str]]
 
 
-def endpoint(manager: Any) -> EngineEndpoint:
+def endpoint(manager: Any, session: bool = True) -> EngineEndpoint:
     """This scheduler's endpoint (one per process, built at the first message)."""
     found = _ENDPOINT.get("this")
     if found is None:
         model_dir = manager.tp_worker.model_runner.model_config.model_path
-        found = _ENDPOINT["this"] = EngineEndpoint(model_dir)
+        found = _ENDPOINT["this"] = EngineEndpoint(model_dir, session=session)
     return found
 
 
 def serve(manager: Any, recv_req: Any) -> Any:
-    """Answer one titan_weight_sync message on the scheduler (``manager`` is SGLang's
+    """Answer one titan_weight_sync message on an SGLang 0.5.23 scheduler (``manager`` is its
     ``SchedulerWeightUpdaterManager``); returns SGLang's reply struct."""
     import msgspec
-    from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqOutput
     from sglang.srt.runtime_context import get_parallel
 
-    parallel = get_parallel()
+    def load(named: list[tuple[str, torch.Tensor]]) -> int:
+        with manager._observe_weight_load("titan_weight_sync"):
+            for _, runner in manager._select_runners(manager._session.selector):
+                ok, message = runner.weight_updater.update_weights_from_tensor(
+                    named_tensors=named, load_format=None
+                )
+                if not ok:
+                    raise WeightSyncError(f"SGLang's loader refused the weights: {message}")
+        manager._session = msgspec.structs.replace(manager._session, loaded_weights=True)
+        return len(named)
+
+    def after_commit(success: bool, text: str) -> tuple[bool, str]:
+        manager.record_weight_version_after_update(recv_req.weight_version)
+        return manager.flush_cache_after_weight_update(recv_req, success, text)
+
+    not_ready = ""
+    if manager._session is None:
+        not_ready = "no weight-update session is open (call begin_weight_update first)"
+    return _answer(
+        manager, recv_req, getattr(get_parallel(), "tp_size", 1), load, not_ready, after_commit,
+        session=True,
+    )  # fmt: skip
+
+
+def serve_sessionless(manager: Any, recv_req: Any) -> Any:
+    """Answer one titan_weight_sync message on an SGLang 0.5.15.post1 scheduler (no session:
+    a commit loads only while generation is paused); returns SGLang's reply struct."""
+
+    def load(named: list[tuple[str, torch.Tensor]]) -> int:
+        with manager._observe_weight_load("titan_weight_sync"):
+            ok, message = manager.tp_worker.model_runner.update_weights_from_tensor(
+                named_tensors=named, load_format=None
+            )
+        if not ok:
+            raise WeightSyncError(f"SGLang's loader refused the weights: {message}")
+        return len(named)
+
+    def after_commit(success: bool, text: str) -> tuple[bool, str]:
+        try:  # 0.5.15.post1 asserts that the flush went through
+            manager.flush_cache_after_weight_update(recv_req)
+        except AssertionError:
+            return False, (
+                "the weights were loaded, but the cache was not flushed because requests are "
+                "still running or queued: retract them, then call /flush_cache"
+            )
+        return success, text
+
+    scheduler = manager.scheduler
+    not_ready = ""
+    if manager.draft_worker is not None:
+        not_ready = "engines with a speculative draft model are not served on this SGLang yet"
+    elif not getattr(scheduler, "_engine_paused", False):
+        not_ready = "generation is not paused (call pause_generation first)"
+    tp_size = torch.distributed.get_world_size(group=manager.tp_cpu_group)
+    return _answer(manager, recv_req, tp_size, load, not_ready, after_commit, session=False)
+
+
+def _answer(
+    manager: Any,
+    recv_req: Any,
+    tp_size: int,
+    load: Loader,
+    not_ready: str,
+    after_commit: AfterCommit,
+    session: bool,
+) -> Any:
+    """The answer both SGLang lines share: read the message, let the endpoint decide, and on a
+    commit that loaded, what SGLang does after its own update (``after_commit``)."""
+    from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqOutput
+
     op = ""  # known once the endpoint has read the message
     try:
-        if getattr(parallel, "tp_size", 1) != 1:
+        if tp_size != 1:
             raise Refused(
-                f"engines with tp_size {parallel.tp_size} are not served yet (tp_size 1 only); "
+                f"engines with tp_size {tp_size} are not served yet (tp_size 1 only); "
                 "use the framework's own weight update"
             )
         payloads = recv_req.serialized_named_tensors
         raw = payloads[0] if len(payloads) == 1 else None
-
-        def load(named: list[tuple[str, torch.Tensor]]) -> int:
-            with manager._observe_weight_load("titan_weight_sync"):
-                for _, runner in manager._select_runners(manager._session.selector):
-                    ok, message = runner.weight_updater.update_weights_from_tensor(
-                        named_tensors=named, load_format=None
-                    )
-                    if not ok:
-                        raise WeightSyncError(f"SGLang's loader refused the weights: {message}")
-            manager._session = msgspec.structs.replace(manager._session, loaded_weights=True)
-            return len(named)
-
-        op, text = endpoint(manager).handle(raw, manager._session is not None, load)
+        op, text = endpoint(manager, session).handle(raw, load, not_ready)
         success = True
     except Refused as err:
         success, text = False, f"weight_sync refused the {err.op or 'message'}: {err}"
@@ -71,7 +134,6 @@ def serve(manager: Any, recv_req: Any) -> Any:
         success, text = False, f"weight_sync failed: {type(err).__name__}: {err}"
         logger.warning(text, exc_info=True)
     if success and op == "commit":
-        manager.record_weight_version_after_update(recv_req.weight_version)
-        success, text = manager.flush_cache_after_weight_update(recv_req, success, text)
+        success, text = after_commit(success, text)
     torch.distributed.barrier(group=manager.tp_cpu_group)
     return UpdateWeightsFromTensorReqOutput(success=success, message=text)

@@ -83,10 +83,16 @@ class EngineEndpoint:
 
     :param model_dir: the local checkpoint the engine serves (its tensor table is the contract).
     :param settings: this process's knobs.
+    :param session: whether this SGLang has a weight-update session (``begin_weight_update`` /
+        ``end_weight_update``, 0.5.23); the hello tells the trainer, which then opens it (an
+        SGLang without one, 0.5.15.post1, is only paused for the commit).
     """
 
-    def __init__(self, model_dir: str, settings: WeightSyncSettings | None = None) -> None:
+    def __init__(
+        self, model_dir: str, settings: WeightSyncSettings | None = None, session: bool = True
+    ) -> None:
         self.settings = settings or WeightSyncSettings.read()
+        self.session = session
         self.slots = layout.checkpoint_table(model_dir)
         self.landing: Landing | None = None
         self.nonce: str | None = None  # the engine nonce of the open exchange
@@ -98,9 +104,10 @@ class EngineEndpoint:
         except auth.SecretError as err:
             raise Refused(f"this engine accepts no trainer: {err}", op) from None
 
-    def handle(self, raw: object, session_open: bool, load: Loader) -> tuple[str, str]:
+    def handle(self, raw: object, load: Loader, not_ready: str = "") -> tuple[str, str]:
         """Answer one message: ``(its op, the reply)``; ``load`` hands verified tensors to SGLang
-        (inside its session).
+        (inside its session). ``not_ready``: why SGLang cannot load now (no session open, or
+        generation not paused); a commit is then refused with it.
 
         :raises Refused: the message is refused (nothing changed but a closed region).
         """
@@ -112,7 +119,7 @@ class EngineEndpoint:
             if op == "hello":
                 return op, self._hello(secret, message)
             if op == "commit":
-                return op, self._commit(secret, message, session_open, load)
+                return op, self._commit(secret, message, not_ready, load)
             self._abort(secret, message)
             return op, wire.canonical({wire.REPLY_KEY: {"aborted": True}}).decode()
         except wire.BadMessage as err:
@@ -137,6 +144,7 @@ class EngineEndpoint:
             "landing_bytes": self.landing.region.numel(),
             "slots": [[s.name, s.dtype, list(s.shape), s.offset] for s in self.slots],
             "engine_nonce": self.nonce,
+            "session": self.session,
         }
         return wire.hello_reply(secret, trainer_nonce, body)
 
@@ -145,16 +153,14 @@ class EngineEndpoint:
         if self.landing is not None:
             self.landing.close()
 
-    def _commit(self, secret: bytes, message: dict, session_open: bool, load: Loader) -> str:
+    def _commit(self, secret: bytes, message: dict, not_ready: str, load: Loader) -> str:
         if self.nonce is None or self.landing is None:
             raise wire.BadMessage("commit without a hello: refused")
         nonce = self.nonce
         version, digests = wire.read_commit(secret, nonce, message)
         self._close_exchange()  # authentic: from here no peer can write into the region
-        if not session_open:
-            raise wire.BadMessage(
-                "commit outside a weight-update session: call begin_weight_update first"
-            )
+        if not_ready:
+            raise wire.BadMessage(f"commit refused: {not_ready}")
         names = [name for name, _ in digests]
         expected = [slot.name for slot in self.slots]
         if names != expected:

@@ -22,19 +22,23 @@ LOAD_FORMAT = "titan_weight_sync"
 plugin's messages (:mod:`titan_weight_sync.wire`)."""
 
 
-def _serve_titan_format(original: Callable[..., Any]) -> Callable[..., Any]:
-    """SGLang's ``update_weights_from_tensor`` on the scheduler, answering requests whose
-    ``load_format`` is ``titan_weight_sync`` (every other request runs SGLang's own code)."""
+def _serving(serve_name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A replacement factory for SGLang's ``update_weights_from_tensor`` on the scheduler that
+    answers requests whose ``load_format`` is ``titan_weight_sync`` with
+    ``engine_hooks.<serve_name>`` (every other request runs SGLang's own code)."""
 
-    @functools.wraps(original)
-    def update_weights_from_tensor(self: Any, recv_req: Any) -> Any:
-        if getattr(recv_req, "load_format", None) != LOAD_FORMAT:
-            return original(self, recv_req)
-        from titan_weight_sync.engine_hooks import serve
+    def factory(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def update_weights_from_tensor(self: Any, recv_req: Any) -> Any:
+            if getattr(recv_req, "load_format", None) != LOAD_FORMAT:
+                return original(self, recv_req)
+            from titan_weight_sync import engine_hooks
 
-        return serve(self, recv_req)
+            return getattr(engine_hooks, serve_name)(self, recv_req)
 
-    return update_weights_from_tensor
+        return update_weights_from_tensor
+
+    return factory
 
 
 def _slime_send_weights(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -69,7 +73,7 @@ def patches() -> list[Patch]:
         Patch(
             id="weight_sync.engine_endpoint",
             target=f"{UPDATER}:SchedulerWeightUpdaterManager.update_weights_from_tensor",
-            replace=_serve_titan_format,
+            replace=_serving("serve"),
             requires=(sglang_releases("0.5.23"),),
             # a trainer's environment has no SGLang: the engine side is not for it
             optional=True,
@@ -89,6 +93,39 @@ def patches() -> list[Patch]:
             upstream="sglang/srt/managers/scheduler_components/weight_updater.py "
             "SchedulerWeightUpdaterManager.update_weights_from_tensor (0.5.23)",
             remove_when="SGLang offers an authenticated one-sided update endpoint of its own",
+        ),
+        Patch(
+            id="weight_sync.engine_endpoint_sessionless",
+            target=f"{UPDATER}:SchedulerWeightUpdaterManager.update_weights_from_tensor",
+            replace=_serving("serve_sessionless"),
+            requires=(sglang_releases("0.5.15", "0.5.15"),),
+            optional=True,
+            signature=(
+                Signature(
+                    positional=("self", "recv_req"),
+                    attrs=(
+                        "SchedulerWeightUpdaterManager._observe_weight_load",
+                        "SchedulerWeightUpdaterManager.flush_cache_after_weight_update",
+                    ),
+                    contains=(
+                        "worker.update_weights_from_tensor(recv_req)",
+                        "self.flush_cache_after_weight_update(recv_req)",
+                    ),
+                    # 0.5.23's session: this record is for the SGLang without one
+                    lacks=("self._session",),
+                ),
+                Signature(
+                    of="SchedulerWeightUpdaterManager.flush_cache_after_weight_update",
+                    positional=("self", "recv_req"),
+                ),
+            ),
+            rationale="answer weight_sync's hello / commit on the scheduler's event loop and "
+            "load verified landed weights through SGLang's own loader while generation is paused "
+            "(slime's SGLang pin has no weight-update session)",
+            upstream="sglang/srt/managers/scheduler_components/weight_updater.py "
+            "SchedulerWeightUpdaterManager.update_weights_from_tensor (0.5.15.post1)",
+            remove_when="slime moves to an SGLang with the weight-update session (0.5.23's "
+            "record serves it)",
         ),
         Patch(
             id="weight_sync.slime_broadcast",

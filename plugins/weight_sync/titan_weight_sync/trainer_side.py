@@ -60,6 +60,7 @@ class _Target:
     landing_bytes: int = 0
     nonce: str = ""
     slots: list[layout.Slot] = field(default_factory=list)
+    session: bool = True  # the engine's SGLang has begin / end_weight_update
     begun: bool = False
     paused: bool = False
 
@@ -331,6 +332,10 @@ class WeightSync:
             target.slots = wire.slots_field(body)
             target.nonce = wire.hex_field(body, "engine_nonce", 32)
             target.session_id = wire.text_field(body, "session_id", 300)
+            session = body.get("session", True)
+            if not isinstance(session, bool):
+                raise wire.BadMessage("session: expected true or false")
+            target.session = session
             addr, size = body.get("landing_addr"), body.get("landing_bytes")
             if not (isinstance(addr, int) and isinstance(size, int) and addr > 0 and size >= 0):
                 raise wire.BadMessage("landing_addr / landing_bytes: expected integers")
@@ -349,8 +354,9 @@ class WeightSync:
         target.paused = True
         if flush:
             api.require("/flush_cache")
-        api.require("/begin_weight_update", {"selector": self.selector})
-        target.begun = True
+        if target.session:  # an SGLang without one (0.5.15.post1) loads while paused
+            api.require("/begin_weight_update", {"selector": self.selector})
+            target.begun = True
         nonce, target.nonce = target.nonce, ""  # the engine closes the exchange either way
         ok, text = api.titan(
             wire.commit_request(secret, nonce, version, digests), version, flush_cache=flush
@@ -363,8 +369,9 @@ class WeightSync:
             raise WeightSyncError(f"weight_sync: {api.url}: {err}") from None
         if loaded != len(digests):
             raise WeightSyncError(f"weight_sync: {api.url} loaded {loaded} of {len(digests)}")
-        api.require("/end_weight_update")
-        target.begun = False
+        if target.session:
+            api.require("/end_weight_update")
+            target.begun = False
         if not flush:
             # SGLang flushes only an idle engine: with no request paused in place, the old
             # weights' cached prefixes go now; with some, they stay until evicted (as in the
