@@ -47,7 +47,11 @@ if [ "${SGLANG_LEG:-1}" = 1 ]; then
   venv=$(bash -c '. scripts/megatron_line.sh; echo "$VENV"')
   # 0.5.23 and slime's pin, 0.5.15.post1 (weight_sync's engine side has a record for each)
   for release in 0.5.23 0.5.15.post1; do
-    SGLANG_RELEASE=$release ./scripts/sglang_env.sh
+    # each release's own venv (a SGLANG_VENV from the caller would hold one release only)
+    if ! SGLANG_VENV= SGLANG_RELEASE=$release ./scripts/sglang_env.sh; then
+      status=1
+      continue
+    fi
     sglang_venv=.venv-sglang
     [ "$release" = 0.5.23 ] || sglang_venv=.venv-sglang-$release
     echo "== SGLang $release ($sglang_venv) with megatron-core $(bash -c '. scripts/megatron_line.sh; echo "$MEGATRON_CORE"') trainers: pytest -m sglang" >&2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -38,7 +39,7 @@ class EngineAPI:
                 status, raw = reply.status, reply.read(MAX_REPLY_BYTES + 1)
         except urllib.error.HTTPError as err:  # SGLang answers a refusal with 400
             status, raw = err.code, err.read(MAX_REPLY_BYTES + 1)
-        except (urllib.error.URLError, OSError) as err:
+        except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as err:
             reason = getattr(err, "reason", err)
             raise WeightSyncError(
                 f"weight_sync: the engine at {self.url} does not answer {path} ({reason}): it "

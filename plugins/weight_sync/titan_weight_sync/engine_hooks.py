@@ -98,6 +98,13 @@ def serve_sessionless(manager: Any, recv_req: Any) -> Any:
         not_ready = "engines with a speculative draft model are not served on this SGLang yet"
     elif not getattr(scheduler, "_engine_paused", False):
         not_ready = "generation is not paused (call pause_generation first)"
+    elif recv_req.flush_cache and not manager.is_fully_idle():
+        # 0.5.15.post1 flushes only an idle engine and asserts the flush after a load: refuse
+        # before loading rather than load and then report a failure
+        not_ready = (
+            "requests are still running or queued, so the cache could not be flushed after "
+            "the load: retract them first"
+        )
     tp_size = torch.distributed.get_world_size(group=manager.tp_cpu_group)
     return _answer(manager, recv_req, tp_size, load, not_ready, after_commit, session=False)
 

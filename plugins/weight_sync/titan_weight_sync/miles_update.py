@@ -9,11 +9,12 @@ its tensor-parallel gathers and ``convert_to_hf`` (dense), its expert-parallel g
 The replacement runs miles' same two passes with weight_sync's callback instead: each bucket is
 written one-sided from the stage's source rank (:class:`~titan_weight_sync.staged.StagedSync`),
 and rank 0 commits once, inside the session weight_sync opens with miles' own pause mode and
-selector. The engines keep serving while the buckets move; they pause only for the commit.
+selector. Generation is paused only for the commit, not while the buckets move (the hello, like
+any SGLang weight request, waits for the requests in flight to finish).
 
 When weight_sync cannot serve the update (an engine without its endpoint, an engine with
-``tp_size`` > 1, a tensor the engines do not serve, a dead engine), every rank logs why and miles'
-own ``update_weights`` runs from the start. LoRA updates are miles' own (adapters, not the model).
+``tp_size`` > 1, a tensor the engines do not serve, a dead engine), rank 0 logs why, every rank
+takes back the version it counted, and miles' own ``update_weights`` runs from the start. LoRA updates are miles' own (adapters, not the model).
 """
 
 from __future__ import annotations

@@ -60,9 +60,13 @@ def _miles_update_weights(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def update_weights(self: Any) -> None:
+        import torch
+
         from titan_weight_sync.miles_update import update_weights as through_weight_sync
 
-        through_weight_sync(original, self)
+        # miles' own method is @torch.no_grad(); wraps() does not carry the decorator over
+        with torch.no_grad():
+            through_weight_sync(original, self)
 
     return update_weights
 

@@ -142,7 +142,10 @@ def _commit_all(sync: WeightSync, everyone: list[Any], version: str) -> str:
                 problem = problem or f"weight_sync: {name} was written by two ranks"
             merged[name] = digest
     if problem:
-        sync.abort()
+        try:
+            sync.abort()
+        except Exception as err:  # the other ranks wait for the outcome: never raise here
+            problem += f" (and leaving the engines serving failed: {_reason(err)})"
         return problem
     try:
         sync.commit(version, merged)

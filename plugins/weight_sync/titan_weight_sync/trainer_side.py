@@ -352,6 +352,10 @@ class WeightSync:
         flush = self.pause_mode != "in_place"  # in place keeps the paused requests' cache
         api.require("/pause_generation", {"mode": self.pause_mode})
         target.paused = True
+        if self.pause_mode == "abort" and not target.session:
+            # 0.5.15.post1's abort pause ends the requests but never pauses the scheduler, which
+            # loads only while paused: pause it too (after the abort nothing is left to retract)
+            api.require("/pause_generation", {"mode": "retract"})
         if flush:
             api.require("/flush_cache")
         if target.session:  # an SGLang without one (0.5.15.post1) loads while paused
