@@ -15,7 +15,7 @@ What stands in for miles' driver, and why:
 - miles' ``ParallelState`` is built from megatron's ``parallel_state`` as miles'
   ``create_megatron_parallel_state`` builds it (that function reads ``megatron.training``'s
   global args, which a megatron-core wheel does not ship);
-- ``TENames`` (from ``slime_job.py``): miles' converters, like slime's, know TransformerEngine's
+- ``TENames`` (``framework_job.py``): miles' converters, like slime's, know TransformerEngine's
   names;
 - the core's CPU harness answers megatron's CUDA-only calls, as in every CPU test;
 - SGLang is importable in the trainer (miles' conversion imports it): the SGLang venv's
@@ -32,11 +32,8 @@ import json
 import os
 import site
 import sys
-from argparse import Namespace
 
-import torch
-import torch.distributed as dist
-from slime_job import TENames
+from framework_job import TENames, converter_args, ray_engines, run_updates, start
 
 
 def engine_handle_class():
@@ -103,84 +100,28 @@ def main() -> None:
     sys.path.insert(0, os.environ["MILES_DIR"])
     if os.environ.get("MILES_SGLANG_SITE"):
         site.addsitedir(os.environ["MILES_SGLANG_SITE"])  # after the trainer's own packages
-    from titan_plugins.hosts.megatron.testing import cpu_harness
 
-    cpu_harness.install()  # megatron's CUDA-only calls (RNG tracker, streams) on CPU
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
+    def miles_groups() -> None:
+        from miles.utils.distributed_utils import init_gloo_group
 
-    from megatron.core.tensor_parallel import (
-        set_defaults_if_not_set_tensor_model_parallel_attributes,
-    )
-    from titan_weight_sync import stats, tiny_llama
-    from titan_weight_sync.cpu_engine import EngineClient
-    from titan_weight_sync.hf_checkpoint import save_checkpoint
-    from titan_weight_sync.megatron_export import gather_hf_weights
+        init_gloo_group()
+        miles_parallel_state()
 
-    from titan_plugins.hosts.megatron.testing import tiny_gpt
-
-    tiny_gpt.init_parallel(tp=job["tp"], pp=job["pp"])
+    trainer = start(job, miles_groups)
     from miles.backends.megatron_utils.update_weight.update_weight_from_distributed.broadcast import (  # noqa: E501
         UpdateWeightFromDistributed,
     )
-    from miles.utils.distributed_utils import init_gloo_group
 
-    init_gloo_group()
-    miles_parallel_state()
-    cfg = tiny_llama.make_config()
-    chunks = tiny_llama.build(cfg)
-    for chunk in chunks:  # as megatron.training's get_model does
-        for param in chunk.parameters():
-            set_defaults_if_not_set_tensor_model_parallel_attributes(param)
-    optimizer = tiny_gpt.make_optimizer(chunks, cfg, lr=3e-3)
-
-    args = Namespace(
-        vocab_size=tiny_gpt.VOCAB,
-        hidden_size=cfg.hidden_size,
-        num_attention_heads=cfg.num_attention_heads,
-        num_query_groups=cfg.num_query_groups,
-        kv_channels=cfg.kv_channels,
-        swiglu=True,
-        q_lora_rank=None,
-        num_experts=None,
-        update_weight_buffer_size=job["buffer_bytes"],
-        pause_generation_mode=job["pause_mode"],
+    args = converter_args(
+        trainer, job, swiglu=True, pause_generation_mode=job["pause_mode"],
         megatron_to_hf_mode="raw",
-    )
+    )  # fmt: skip
     updater = UpdateWeightFromDistributed(
-        args, [TENames(c) for c in chunks], None, model_name="llama", quantization_config=None
-    )
-    updater.rollout_engines = []
-    if rank == 0:
-        import ray
-
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-        updater.rollout_engines = [engine_handle_class().remote(job["synced"])]
-
-    records = []
-    for version in range(1, job["updates"] + 1):
-        tiny_gpt.train(chunks, cfg, steps=2, optimizer=optimizer)
-        updater.update_weights()  # miles' own, patched by weight_sync
-        full = gather_hf_weights(chunks, cfg)
-        if rank == 0:
-            checkpoint = save_checkpoint(
-                full, tiny_llama.hf_config(cfg), f"{job['out']}/miles_{version}", torch.bfloat16
-            )
-            EngineClient(job["reference"]).load_from_disk(checkpoint, str(version))
-            records.append(
-                {
-                    "version": EngineClient(job["synced"]).weight_version(),
-                    "updater_version": updater.weight_version,
-                    "synced": EngineClient(job["synced"]).generate(job["prompts"]),
-                    "reference": EngineClient(job["reference"]).generate(job["prompts"]),
-                }
-            )
-    sent = [None] * dist.get_world_size()
-    dist.all_gather_object(sent, stats.snapshot())
-    if rank == 0:
-        print("RESULT " + json.dumps({"records": records, "stats": sent}), flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
+        args, [TENames(c) for c in trainer.chunks], None, model_name="llama",
+        quantization_config=None,
+    )  # fmt: skip
+    updater.rollout_engines = ray_engines(trainer, engine_handle_class, job["synced"])
+    run_updates(job, trainer, updater, "miles")
 
 
 if __name__ == "__main__":

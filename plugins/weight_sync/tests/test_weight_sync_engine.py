@@ -328,6 +328,28 @@ def test_a_stage_that_fails_fails_the_sync_on_every_rank_and_nothing_loads(job, 
     assert [out["staging_left"] for out in outs] == [False, False]
 
 
+def _worker_env(secret_file: str) -> dict[str, str]:
+    """Give this worker process the plugin's knobs as a framework's job has them (TCP on
+    loopback, small staging); the environment before, to put back."""
+    saved = dict(os.environ)
+    os.environ.update(
+        TITAN_WEIGHT_SYNC_SECRET_FILE=secret_file,
+        TITAN_WEIGHT_SYNC_PROTOCOL="tcp",
+        TITAN_WEIGHT_SYNC_HOST="127.0.0.1",
+        TITAN_WEIGHT_SYNC_STAGING_BYTES="64KiB",
+    )
+    return saved
+
+
+def _restore_last_checkpoint(job: dict, serving: tuple[str, list]) -> None:
+    """Sync the last checkpoint back into the synced engine (the fault tests compare against
+    what it serves)."""
+    sync = WeightSync([job["synced"].url], settings(job["secret"]))
+    sync.sync(_weights(job), "restored")
+    sync.close()
+    assert job["synced"].client.generate(PROMPTS) == serving[1]
+
+
 class SlimeShapedUpdater:
     """What ``slime_update.send_weights`` uses of slime's ``UpdateWeightFromDistributed`` (CI
     has no slime checkout; the opt-in test below runs slime's own class): its bucket iterators
@@ -365,13 +387,7 @@ def slime_shaped_task(layout: dict, synced: str, secret_file: str, version: int)
     source = ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
     updater = SlimeShapedUpdater(dense, source, [synced], version)
     ran: list[str] = []
-    saved = dict(os.environ)
-    os.environ.update(
-        TITAN_WEIGHT_SYNC_SECRET_FILE=secret_file,
-        TITAN_WEIGHT_SYNC_PROTOCOL="tcp",
-        TITAN_WEIGHT_SYNC_HOST="127.0.0.1",
-        TITAN_WEIGHT_SYNC_STAGING_BYTES="64KiB",
-    )
+    saved = _worker_env(secret_file)
     group, urls = slime_update._group, slime_update._engine_urls
     slime_update._group = lambda: None  # slime's gloo group spans every rank: the world here
     slime_update._engine_urls = lambda u: list(u.rollout_engines)
@@ -413,11 +429,7 @@ def test_slimes_send_weights_goes_through_weight_sync_or_falls_back_on_every_ran
     assert all(o["chunks"] == -(-o["tensors"] // 3) and o["chunks"] > 0 for o in outs), outs
     assert synced.client.weight_version() == "8"
     assert synced.client.generate(PROMPTS) != serving[1]
-    # back to the last checkpoint (the fault tests compare against what it serves)
-    sync = WeightSync([synced.url], settings(job["secret"]))
-    sync.sync(_weights(job), "restored")
-    sync.close()
-    assert synced.client.generate(PROMPTS) == serving[1]
+    _restore_last_checkpoint(job, serving)
 
 
 class MilesShapedUpdater:
@@ -464,13 +476,7 @@ def miles_shaped_task(layout: dict, synced: str, secret_file: str, version: int,
         u.weight_version += 1
         ran.append("miles")
 
-    saved = dict(os.environ)
-    os.environ.update(
-        TITAN_WEIGHT_SYNC_SECRET_FILE=secret_file,
-        TITAN_WEIGHT_SYNC_PROTOCOL="tcp",
-        TITAN_WEIGHT_SYNC_HOST="127.0.0.1",
-        TITAN_WEIGHT_SYNC_STAGING_BYTES="64KiB",
-    )
+    saved = _worker_env(secret_file)
     stand_ins = {  # miles' own lookups, each given what miles would answer here
         "_group": lambda: None,  # miles' gloo group spans every rank: the world here
         "_engine_urls": lambda u: list(u.rollout_engines),
@@ -520,11 +526,62 @@ def test_miles_update_goes_through_weight_sync_or_falls_back_on_every_rank(
     assert [o["version"] for o in outs] == [9, 9]
     assert synced.client.weight_version() == "9"
     assert synced.client.generate(PROMPTS) != serving[1]
-    # back to the last checkpoint (the fault tests compare against what it serves)
-    sync = WeightSync([synced.url], settings(job["secret"]))
-    sync.sync(_weights(job), "restored")
-    sync.close()
-    assert synced.client.generate(PROMPTS) == serving[1]
+    _restore_last_checkpoint(job, serving)
+
+
+def run_framework_job(
+    job: dict, framework: str, env_extra: dict, layout: dict, out: Path
+) -> list[dict]:
+    """``<framework>_job.py`` under torchrun on 2 ranks, the plugin activated the way a user's
+    job has it; checks what every framework's run must show (two updates, each bit-identical to
+    a disk-loaded engine, no fallback, the whole model sent by the stages' source ranks) and
+    returns the records of the two updates."""
+    spec = {
+        **layout,
+        "synced": job["synced"].url,
+        "reference": job["reference"].url,
+        "out": str(out),
+        "updates": 2,
+        "buffer_bytes": 64 << 10,  # the framework's buckets: several per stage
+        "prompts": PROMPTS,
+    }
+    env = {
+        **os.environ,
+        **env_extra,
+        "TITAN_PLUGINS_ONLY": "weight_sync",
+        "TITAN_PLUGINS_STRICT": "1",
+        "TITAN_WEIGHT_SYNC_SECRET_FILE": job["secret"],
+        "TITAN_WEIGHT_SYNC_PROTOCOL": "tcp",
+        "TITAN_WEIGHT_SYNC_HOST": "127.0.0.1",
+        "TITAN_WEIGHT_SYNC_STAGING_BYTES": "64KiB",
+        "OMP_NUM_THREADS": "1",
+    }
+    env.pop("TITAN_PLUGINS_AUTOLOAD", None)  # the automatic channel, as in a user's job
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(free_port()),
+         str(Path(__file__).with_name(f"{framework}_job.py")), json.dumps(spec)],
+        capture_output=True, text=True, timeout=900, env=env,
+    )  # fmt: skip
+    line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    if done.returncode != 0 or not line:
+        first_error = done.stderr[done.stderr.find("Traceback") :][:6000]
+        pytest.fail(f"the {framework} job failed (exit {done.returncode}):\n{first_error}")
+    result = json.loads(line[0][len("RESULT ") :])
+    found, stats_by_rank = result["records"], result["stats"]
+    assert [r["version"] for r in found] == ["1", "2"]
+    for record in found:
+        assert record["synced"] == record["reference"], record["version"]
+    assert found[0]["synced"] != found[1]["synced"]
+    assert all(s.get("fallbacks", 0) == 0 for s in stats_by_rank), stats_by_rank
+    sent = [s.get(f"{framework}_tensors_sent", 0) for s in stats_by_rank]
+    assert sum(sent) == 2 * 21, sent  # the whole model, each update
+    if layout["pp"] == 2:
+        assert sent[0] > 0 and sent[1] > 0, sent  # each stage sent its own layers
+    else:
+        assert sent[1] == 0, sent  # tensor-parallel rank 1 only joined the gathers
+    job["last"] = {"checkpoint": str(Path(out) / f"{framework}_2")}  # what the engine serves
+    return found
 
 
 SLIME_DIR = os.environ.get("SLIME_DIR", "")
@@ -539,52 +596,7 @@ SLIME_DIR = os.environ.get("SLIME_DIR", "")
 def test_slimes_own_update_path_sends_through_weight_sync(job, layout, tmp_path) -> None:
     """slime's real ``UpdateWeightFromDistributed.update_weights`` (its gathers, its
     ``convert_to_hf``) under torchrun, with the plugin activated the way a user's job has it."""
-    synced, reference = job["synced"], job["reference"]
-    spec = {
-        **layout,
-        "synced": synced.url,
-        "reference": reference.url,
-        "out": str(tmp_path),
-        "updates": 2,
-        "buffer_bytes": 64 << 10,  # slime's buckets: several per stage
-        "prompts": PROMPTS,
-    }
-    env = {
-        **os.environ,
-        "SLIME_DIR": SLIME_DIR,
-        "TITAN_PLUGINS_ONLY": "weight_sync",
-        "TITAN_PLUGINS_STRICT": "1",
-        "TITAN_WEIGHT_SYNC_SECRET_FILE": job["secret"],
-        "TITAN_WEIGHT_SYNC_PROTOCOL": "tcp",
-        "TITAN_WEIGHT_SYNC_HOST": "127.0.0.1",
-        "TITAN_WEIGHT_SYNC_STAGING_BYTES": "64KiB",
-        "OMP_NUM_THREADS": "1",
-    }
-    env.pop("TITAN_PLUGINS_AUTOLOAD", None)  # the automatic channel, as in a user's job
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--master-port", str(free_port()), str(Path(__file__).with_name("slime_job.py")),
-         json.dumps(spec)],
-        capture_output=True, text=True, timeout=900, env=env,
-    )  # fmt: skip
-    line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-    if done.returncode != 0 or not line:
-        first_error = done.stderr[done.stderr.find("Traceback") :][:6000]
-        pytest.fail(f"the slime job failed (exit {done.returncode}):\n{first_error}")
-    result = json.loads(line[0][len("RESULT ") :])
-    records, stats_by_rank = result["records"], result["stats"]
-    assert [r["version"] for r in records] == ["1", "2"]
-    for record in records:
-        assert record["synced"] == record["reference"], record["version"]
-    assert records[0]["synced"] != records[1]["synced"]
-    assert all(s.get("fallbacks", 0) == 0 for s in stats_by_rank), stats_by_rank
-    sent = [s.get("slime_tensors_sent", 0) for s in stats_by_rank]
-    assert sum(sent) == 2 * 21, sent  # the whole model, each update
-    if layout["pp"] == 2:
-        assert sent[0] > 0 and sent[1] > 0, sent  # each stage sent its own layers
-    else:
-        assert sent[1] == 0, sent  # tensor-parallel rank 1 only joined slime's gathers
-    job["last"] = {"checkpoint": str(tmp_path / "slime_2")}  # what the engine serves now
+    run_framework_job(job, "slime", {"SLIME_DIR": SLIME_DIR}, layout, tmp_path)
 
 
 MILES_DIR = os.environ.get("MILES_DIR", "")
@@ -602,55 +614,9 @@ MILES_DIR = os.environ.get("MILES_DIR", "")
 def test_miles_own_update_path_sends_through_weight_sync(job, layout, tmp_path) -> None:
     """miles' real ``UpdateWeightFromDistributed.update_weights`` (its passes, its gathers, its
     ``convert_to_hf``) under torchrun, with the plugin activated the way a user's job has it."""
-    synced, reference = job["synced"], job["reference"]
-    spec = {
-        "tp": layout["tp"],
-        "pp": layout["pp"],
-        "pause_mode": layout["mode"],
-        "synced": synced.url,
-        "reference": reference.url,
-        "out": str(tmp_path),
-        "updates": 2,
-        "buffer_bytes": 64 << 10,  # miles' buckets: several per stage
-        "prompts": PROMPTS,
-    }
-    env = {
-        **os.environ,
-        "MILES_DIR": MILES_DIR,
-        "TITAN_PLUGINS_ONLY": "weight_sync",
-        "TITAN_PLUGINS_STRICT": "1",
-        "TITAN_WEIGHT_SYNC_SECRET_FILE": job["secret"],
-        "TITAN_WEIGHT_SYNC_PROTOCOL": "tcp",
-        "TITAN_WEIGHT_SYNC_HOST": "127.0.0.1",
-        "TITAN_WEIGHT_SYNC_STAGING_BYTES": "64KiB",
-        "OMP_NUM_THREADS": "1",
-    }
-    env.pop("TITAN_PLUGINS_AUTOLOAD", None)  # the automatic channel, as in a user's job
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--master-port", str(free_port()), str(Path(__file__).with_name("miles_job.py")),
-         json.dumps(spec)],
-        capture_output=True, text=True, timeout=900, env=env,
-    )  # fmt: skip
-    line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-    if done.returncode != 0 or not line:
-        first_error = done.stderr[done.stderr.find("Traceback") :][:6000]
-        pytest.fail(f"the miles job failed (exit {done.returncode}):\n{first_error}")
-    result = json.loads(line[0][len("RESULT ") :])
-    records, stats_by_rank = result["records"], result["stats"]
-    assert [r["version"] for r in records] == ["1", "2"]
+    spec = {"tp": layout["tp"], "pp": layout["pp"], "pause_mode": layout["mode"]}
+    records = run_framework_job(job, "miles", {"MILES_DIR": MILES_DIR}, spec, tmp_path)
     assert [r["updater_version"] for r in records] == [1, 2]
-    for record in records:
-        assert record["synced"] == record["reference"], record["version"]
-    assert records[0]["synced"] != records[1]["synced"]
-    assert all(s.get("fallbacks", 0) == 0 for s in stats_by_rank), stats_by_rank
-    sent = [s.get("miles_tensors_sent", 0) for s in stats_by_rank]
-    assert sum(sent) == 2 * 21, sent  # the whole model, each update
-    if layout["pp"] == 2:
-        assert sent[0] > 0 and sent[1] > 0, sent  # each stage sent its own layers
-    else:
-        assert sent[1] == 0, sent  # tensor-parallel rank 1 only joined miles' gathers
-    job["last"] = {"checkpoint": str(tmp_path / "miles_2")}  # what the engine serves now
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,11 @@ def send_weights(original: Callable[[Any, Any], None], updater: Any, pbar: Any) 
     first = dist.get_rank(group) == 0
     try:
         count = staged_sync(
-            (lambda: held.engines(updater, _engine_urls(updater))) if first else None,
+            # slime pauses its engines with SGLang's default mode, abort (its SGLangEngine
+            # posts an empty pause_generation): the commit pauses the same way
+            (lambda: held.engines(updater, _engine_urls(updater), pause_mode="abort"))
+            if first
+            else None,
             lambda: held.writer(updater),
             _pieces(updater, pbar, group),
             str(updater.weight_version),
