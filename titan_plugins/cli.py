@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -24,7 +25,11 @@ def _activate(import_targets: bool) -> activation.Activation:
             state.state, state.detail = activation.FAILED, f"{type(err).__name__}: {err}"
             return state
         if import_targets and state.engine is not None:
-            state.engine.import_pending()
+            # a target's module may print or set up logging on stdout at import (miles' modules
+            # log to the root logger, configured for stdout): keep the command's own output,
+            # JSON included, to itself
+            with contextlib.redirect_stdout(sys.stderr):
+                state.engine.import_pending()
     return state
 
 

@@ -65,9 +65,15 @@ def _mark_inactive(entry: dict[str, Any]) -> None:
 
 def _elsewhere(patch: dict[str, Any]) -> bool:
     """Whether a patch record serves code this process does not run: a host it does not run,
-    or (an optional patch) a framework that is not installed here."""
+    or (an optional patch) a framework that is not installed here, or whose module does not
+    import here (the framework could not run it either; the skip keeps the import error)."""
     top = _top_package(patch["target"])
-    return _other_host(top) or (bool(patch.get("optional")) and _absent(top))
+    if _other_host(top):
+        return True
+    if not patch.get("optional"):
+        return False
+    unimportable = patch["status"] == SKIPPED and str(patch.get("detail", "")).startswith("import ")
+    return unimportable or _absent(top)
 
 
 def _top_package(target: str) -> str:
