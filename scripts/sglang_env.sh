@@ -9,19 +9,12 @@
 # editable. Idempotent: a second run only re-checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RELEASE=${SGLANG_RELEASE:-0.5.23}
-case "$RELEASE" in
-  0.5.23) default_venv=.venv-sglang ;;
-  0.5.15.post1) default_venv=.venv-sglang-$RELEASE ;;
-  *)
-    echo "SGLANG_RELEASE=$RELEASE: the served SGLang releases are 0.5.23 and 0.5.15.post1" >&2
-    exit 2
-    ;;
-esac
-VENV=${SGLANG_VENV:-$default_venv}
+. scripts/sglang_release.sh # SGLANG_RELEASE, SGLANG_VENV
+RELEASE=$SGLANG_RELEASE
+VENV=$SGLANG_VENV
 requirements=requirements/sglang-$RELEASE.txt
 stamp=$VENV/.titan-bootstrap
-want=$(cat "$requirements" setup.cfg plugins/weight_sync/setup.cfg tests/sglang_env/titan_sglang_cpu_stubs.py scripts/sglang_env.sh | sha256sum | cut -d' ' -f1)
+want=$(cat "$requirements" setup.cfg plugins/weight_sync/setup.cfg tests/sglang_env/titan_sglang_cpu_stubs.py scripts/sglang_env.sh scripts/sglang_release.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi

@@ -52,8 +52,7 @@ if [ "${SGLANG_LEG:-1}" = 1 ]; then
       status=1
       continue
     fi
-    sglang_venv=.venv-sglang
-    [ "$release" = 0.5.23 ] || sglang_venv=.venv-sglang-$release
+    sglang_venv=$(SGLANG_VENV= SGLANG_RELEASE=$release bash -c '. scripts/sglang_release.sh; echo "$SGLANG_VENV"')
     echo "== SGLang $release ($sglang_venv) with megatron-core $(bash -c '. scripts/megatron_line.sh; echo "$MEGATRON_CORE"') trainers: pytest -m sglang" >&2
     TITAN_SGLANG_PYTHON=$sglang_venv/bin/python "$venv/bin/python" -m pytest \
       --junitxml="$results/sglang-$release.xml" -m sglang "$@" || status=$?

@@ -14,7 +14,8 @@ any SGLang weight request, waits for the requests in flight to finish).
 
 When weight_sync cannot serve the update (an engine without its endpoint, an engine with
 ``tp_size`` > 1, a tensor the engines do not serve, a dead engine), rank 0 logs why, every rank
-takes back the version it counted, and miles' own ``update_weights`` runs from the start. LoRA updates are miles' own (adapters, not the model).
+takes back the version it counted, and miles' own ``update_weights`` runs from the start. LoRA
+updates are miles' own (adapters, not the model).
 """
 
 from __future__ import annotations
@@ -76,8 +77,6 @@ def _sync(updater: Any, group: Any, first: bool) -> int:
     def send(named: list[tuple[str, torch.Tensor]], pbar: Any) -> None:
         if writes:
             stage.send(dict(named))
-        if pbar is not None:
-            pbar.update(1)
 
     updater._gather_and_update_non_expert_weights(send, None)
     dist.barrier(group=group)

@@ -204,8 +204,9 @@ def patches() -> list[Patch]:
                 ),
             ),
             rationale="send miles' HF-converted buckets (its TP / EP gathers, its convert_to_hf) "
-            "one-sided from each stage's source rank while the engines keep serving, and commit "
-            "once, all or nothing, in SGLang's session (miles' pause mode and selector); "
+            "one-sided from each stage's source rank, generation paused only for the commit, "
+            "and commit once, all or nothing, in SGLang's session (miles' pause mode and "
+            "selector); "
             "covers its broadcast and P2P updaters; miles' own update runs when weight_sync "
             "cannot serve",
             upstream="miles/backends/megatron_utils/update_weight/update_weight_from_distributed/"
