@@ -7,8 +7,11 @@ import os
 
 import pytest
 import torch
-from titan_weight_sync import layout, wire
+from titan_weight_sync import digests, layout, wire
+from titan_weight_sync.errors import WeightSyncError
 from titan_weight_sync.hf_checkpoint import save_safetensors
+from titan_weight_sync.settings import WeightSyncSettings
+from titan_weight_sync.trainer_side import WeightSync
 
 from titan_plugins.transport import auth
 
@@ -40,6 +43,42 @@ def test_the_engine_reply_is_checked_by_the_trainer() -> None:
         wire.read_hello_reply(SECRET, auth.nonce(), text)  # a reply to another hello
     with pytest.raises(wire.BadMessage, match="not ours"):
         wire.read_hello_reply(SECRET, nonce, "Success")
+
+
+@pytest.mark.parametrize("algorithm", [None, "sha256"])
+def test_a_trainer_refuses_an_engine_that_checks_with_another_hash(tmp_path, algorithm) -> None:
+    """An engine of an older titan-weight-sync (no ``digest`` field: SHA-256) would refuse every
+    commit as "differs from what the trainer wrote": the hello says why first."""
+    secret_file = str(tmp_path / "secret")
+    auth.write_secret(secret_file)
+    secret = auth.read_secret(secret_file, "secret")
+    body = {
+        "session_id": "127.0.0.1:1",
+        "slots": [["a", "BF16", [2, 3], 0]],
+        "engine_nonce": "0" * 32,
+        "landing_addr": 4096,
+        "landing_bytes": 64,
+        "session": True,
+    }
+    if algorithm is not None:
+        body["digest"] = algorithm
+    sync = WeightSync(["http://127.0.0.1:1"], WeightSyncSettings(secret_file=secret_file))
+    api = sync.apis[0]
+    ops: list[str] = []
+
+    def titan(payload: bytes, *args, **kwargs) -> tuple[bool, str]:
+        message = wire.decode(payload)
+        ops.append(message["op"])
+        if message["op"] == "abort":
+            return True, "aborted"
+        return True, wire.hello_reply(secret, message["trainer_nonce"], body)
+
+    api.titan = titan  # type: ignore[method-assign]
+    with pytest.raises(WeightSyncError, match="same titan-weight-sync version"):
+        sync.open()
+    assert ops == ["hello", "abort"]  # the engine's open landing region is closed again
+    body["digest"] = digests.ALGORITHM
+    assert [slot.name for slot in sync.open().slots] == ["a"]
 
 
 def test_a_commit_is_bound_to_the_engine_nonce_and_its_digests() -> None:

@@ -4,8 +4,8 @@ and the checks that decide whether SGLang loads it.
 One exchange: ``hello`` (an authentic trainer) registers the landing region with Mooncake and
 returns a fresh nonce; the trainer writes every tensor one-sided into its slot; ``commit``
 (signed over that nonce) first takes the region off Mooncake, so no peer can write into it any
-more, then compares each slot's SHA-256 with the trainer's, and only when every byte is the
-trainer's hands the tensors to SGLang's own loader, inside SGLang's weight-update session. So
+more, then compares each slot's digest (BLAKE3) with the trainer's, and only when every byte is
+the trainer's hands the tensors to SGLang's own loader, inside SGLang's weight-update session. So
 the served model changes only by a complete, authentic update: a half-written, forged, replayed
 or corrupted one is refused with its reason, and the engine serves the last complete version.
 
@@ -26,7 +26,7 @@ from titan_plugins import host_memory
 from titan_plugins.transport import auth
 from titan_plugins.transport.mooncake import MooncakeEngine
 from titan_weight_sync import layout, stats, wire
-from titan_weight_sync.digests import sha256_all
+from titan_weight_sync.digests import ALGORITHM, digest_all
 from titan_weight_sync.errors import WeightSyncError
 from titan_weight_sync.settings import SECRET_FILE, WeightSyncSettings
 
@@ -145,6 +145,7 @@ class EngineEndpoint:
             "slots": [[s.name, s.dtype, list(s.shape), s.offset] for s in self.slots],
             "engine_nonce": self.nonce,
             "session": self.session,
+            "digest": ALGORITHM,
         }
         return wire.hello_reply(secret, trainer_nonce, body)
 
@@ -171,7 +172,7 @@ class EngineEndpoint:
                 f"unknown {unknown})"
             )
         views = [layout.view(self.landing.region, slot) for slot in self.slots]
-        landed = sha256_all(views)
+        landed = digest_all(views)
         wrong = [name for (name, want), got in zip(digests, landed) if want != got]
         if wrong:
             stats.count("refused_digest")

@@ -4,20 +4,19 @@ The staging buffer is split in two halves. Each piece is at most one half: whole
 or a byte range of a large one, so a tensor of any size goes through a buffer of bounded size.
 While one piece is written into the engines (one-sided Mooncake writes to each tensor's slot,
 plus the offset of the range) and hashed, the next piece is packed into the other half, converted
-to the engine's dtype on the way. Each tensor's SHA-256 is fed its ranges in order, so it is the
+to the engine's dtype on the way. Each tensor's digest is fed its ranges in order, so it is the
 hash of exactly the bytes that were sent.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
-from titan_weight_sync import layout
+from titan_weight_sync import digests, layout
 
 Write = Callable[[list[int], list[int], list[int]], None]
 """Writes ``(local addresses, remote offsets in the landing region, lengths)`` to every engine."""
@@ -69,8 +68,8 @@ class StreamingWriter:
     def run(
         self, slots: list[layout.Slot], tensors: list[torch.Tensor], write: Write
     ) -> list[tuple[str, str]]:
-        """Send every tensor; returns ``(name, sha256)`` in table order."""
-        hashers = [hashlib.sha256() for _ in slots]
+        """Send every tensor; returns ``(name, digest)`` in table order."""
+        hashers = [digests.hasher() for _ in slots]
         flats = [t.detach().reshape(-1) for t in tensors]
         pending: Future | None = None
         for number, piece in enumerate(chunks(slots, self.half)):
@@ -100,7 +99,9 @@ class StreamingWriter:
                 at += -(-(chunk.end - chunk.start) // layout.ALIGN) * layout.ALIGN
         return offsets
 
-    def _send(self, piece: list[Chunk], placed: list[int], hashers: list, write: Write) -> None:
+    def _send(
+        self, piece: list[Chunk], placed: list[int], hashers: list[digests.Hasher], write: Write
+    ) -> None:
         """Write one piece while hashing it (both only read the staging buffer)."""
 
         def digest() -> None:

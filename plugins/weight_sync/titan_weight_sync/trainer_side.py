@@ -11,9 +11,9 @@ One :meth:`WeightSync.sync`:
    meanwhile: nothing they serve is touched yet.
 3. Each engine is paused (``retract``), its cache flushed, and SGLang's session opened
    (``begin_weight_update``). The ``commit``, signed over the engine's nonce, carries the
-   version and every tensor's SHA-256. The engine loads only bytes that match, through SGLang's
-   own loader. Then ``end_weight_update`` (post-load hooks such as re-quantization run there)
-   and ``continue_generation``.
+   version and every tensor's digest (BLAKE3). The engine loads only bytes that match, through
+   SGLang's own loader. Then ``end_weight_update`` (post-load hooks such as re-quantization run
+   there) and ``continue_generation``.
 
 Any failure raises :class:`WeightSyncError` naming the cause. Every engine is left serving its
 last complete version: its exchange aborted, its session closed, its generation resumed. The
@@ -40,6 +40,7 @@ from titan_plugins import host_memory
 from titan_plugins.transport import auth
 from titan_plugins.transport.mooncake import MooncakeEngine
 from titan_weight_sync import layout, stats, wire
+from titan_weight_sync.digests import ALGORITHM as DIGEST
 from titan_weight_sync.engine_api import EngineAPI
 from titan_weight_sync.errors import WeightSyncError
 from titan_weight_sync.settings import SECRET_FILE, STAGING_BYTES, WeightSyncSettings
@@ -149,7 +150,7 @@ class LandingWriter:
 
     def write(self, landings: Landings, weights: Mapping[str, torch.Tensor]) -> dict[str, str]:
         """Stream ``weights`` (any part of the model) into every engine of ``landings``; the
-        SHA-256 of each tensor as sent. Refuses an unknown name or a wrong shape or dtype
+        digest of each tensor as sent. Refuses an unknown name or a wrong shape or dtype
         before a byte moves.
 
         :raises WeightSyncError: the cause (the engines still serve: nothing is committed).
@@ -280,7 +281,7 @@ class WeightSync:
         )
 
     def commit(self, version: str, digests: Mapping[str, str]) -> None:
-        """Commit the open exchange on every engine at once: ``digests`` (name -> SHA-256, from
+        """Commit the open exchange on every engine at once: ``digests`` (name -> digest, from
         every writer) must cover the whole table. Each engine loads only bytes that match.
 
         :raises WeightSyncError: the cause, after every engine was left serving its last
@@ -336,6 +337,13 @@ class WeightSync:
             if not isinstance(session, bool):
                 raise wire.BadMessage("session: expected true or false")
             target.session = session
+            algorithm = body.get("digest", "sha256")  # before the field, engines used SHA-256
+            if algorithm != DIGEST:
+                raise wire.BadMessage(
+                    f"the engine checks updates with {str(algorithm)[:40]!r}, this trainer with "
+                    f"{DIGEST!r}: install the same titan-weight-sync version on the "
+                    "trainer and in the engine's environment"
+                )
             addr, size = body.get("landing_addr"), body.get("landing_bytes")
             if not (isinstance(addr, int) and isinstance(size, int) and addr > 0 and size >= 0):
                 raise wire.BadMessage("landing_addr / landing_bytes: expected integers")

@@ -8,8 +8,8 @@ that fails a check with the reason and changes nothing.
 - ``hello``: the trainer proves the secret over a fresh nonce; the engine answers with its
   landing region (Mooncake session, address, size), the tensor table and a nonce of its own,
   signed over the trainer's nonce (the trainer knows the answer is the engine's).
-- ``commit``: the trainer's version and the SHA-256 of every tensor it wrote, signed over the
-  engine's nonce (a replayed commit, or one from a peer without the secret, never verifies).
+- ``commit``: the trainer's version and the digest (BLAKE3) of every tensor it wrote, signed over
+  the engine's nonce (a replayed commit, or one from a peer without the secret, never verifies).
 - ``abort``: the trainer gives up, signed over the engine's nonce (the engine closes the
   landing region at once).
 """
@@ -136,7 +136,7 @@ def slots_field(body: dict[str, Any]) -> list[Slot]:
 def commit_request(
     secret: bytes, engine_nonce: str, version: str, digests: list[tuple[str, str]]
 ) -> bytes:
-    """The trainer's commit: its version and each written tensor's SHA-256, in table order."""
+    """The trainer's commit: its version and each written tensor's digest, in table order."""
     rows = [list(d) for d in digests]
     tag = auth.sign(secret, "commit", engine_nonce.encode(), version.encode(), canonical(rows))
     return encode(
@@ -162,7 +162,7 @@ def read_commit(
     digests: list[tuple[str, str]] = []
     for row in rows:
         if not (isinstance(row, list) and len(row) == 2 and isinstance(row[0], str)):
-            raise BadMessage("digests: expected [name, sha256] rows")
+            raise BadMessage("digests: expected [name, digest] rows")
         digests.append((row[0], hex_field({"d": row[1]}, "d", 64)))
     signed = (nonce.encode(), version.encode(), canonical([list(d) for d in digests]))
     if not auth.check(secret, message.get("mac"), "commit", *signed):
