@@ -128,6 +128,7 @@ def run_updates(job: dict, trainer: Trainer, updater: Any, prefix: str) -> None:
                 {
                     "version": EngineClient(job["synced"]).weight_version(),
                     "updater_version": updater.weight_version,
+                    "updater_class": type(updater).__name__,
                     "synced": EngineClient(job["synced"]).generate(job["prompts"]),
                     "reference": EngineClient(job["reference"]).generate(job["prompts"]),
                 }

@@ -4,9 +4,11 @@ Run by ``test_weight_sync_engine.py`` (opt-in: ``MILES_DIR``) as a user's job me
 the core activates through its automatic channel, and the patch lands on miles' own
 ``DistBucketedWeightUpdateMixin.update_weights`` when miles' module is imported. Each rank trains
 the tiny Llama-style GPT with megatron-core's own schedules (gloo), then miles' real
-``UpdateWeightFromDistributed.update_weights()`` runs: miles' passes gather every tensor-parallel
-weight and convert it with miles' ``convert_to_hf``, and weight_sync sends the buckets from every
-pipeline stage's source rank and commits once on rank 0.
+``update_weights()`` runs, of ``UpdateWeightFromDistributed`` (``"updater": "broadcast"``) or of
+``UpdateWeightP2P`` (``"p2p"``: its constructor's transfer plan, a collective of every rank, and
+its own expert pass and source ranks): miles' passes gather every tensor-parallel weight and
+convert it with miles' ``convert_to_hf``, and weight_sync sends the buckets from every pipeline
+stage's source rank and commits once on rank 0.
 
 What stands in for miles' driver, and why:
 
@@ -20,18 +22,23 @@ What stands in for miles' driver, and why:
 - the core's CPU harness answers megatron's CUDA-only calls, as in every CPU test;
 - SGLang is importable in the trainer (miles' conversion imports it): the SGLang venv's
   site-packages are appended after the trainer's own (``MILES_SGLANG_SITE``);
-- miles' ``connect_rollout_engines`` is not called: it builds miles' NCCL broadcast group,
-  which this path does not use.
+- miles' ``connect_rollout_engines`` is not called: it builds what miles' own writes use and
+  weight_sync's do not (the broadcast's NCCL group; P2P's Mooncake engine and a pinned CPU
+  replica of the engine's model, which needs CUDA and miles' SGLang branch), so
+  ``sglang_miles_names`` stands in for the three names of that branch ``p2p.py`` imports.
 
 Usage: torchrun --nproc-per-node N miles_job.py JOB_JSON  (prints ``RESULT {...}`` on rank 0)
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
 import site
 import sys
+import types
 
 from framework_job import TENames, converter_args, ray_engines, run_updates, start
 
@@ -95,6 +102,34 @@ def miles_parallel_state() -> None:
     )
 
 
+def updater_class(kind: str) -> type:
+    """miles' ``UpdateWeightFromDistributed`` (``broadcast``) or ``UpdateWeightP2P`` (``p2p``)."""
+    package = "miles.backends.megatron_utils.update_weight.update_weight_from_distributed"
+    if kind == "broadcast":
+        return importlib.import_module(f"{package}.broadcast").UpdateWeightFromDistributed
+    sglang_miles_names()
+    return importlib.import_module(f"{package}.p2p").UpdateWeightP2P
+
+
+def sglang_miles_names() -> None:
+    """Stand-ins for the three names miles' ``p2p.py`` imports from miles' own SGLang branch
+    (sglang-miles) that SGLang 0.5.23 does not have: ``ParallelismContext`` and
+    ``RankParallelismConfig`` (``sglang.srt.distributed.parallel_state``) and
+    ``ParameterMapper`` (``sglang.srt.model_loader.parameter_mapper``). Only
+    ``connect_rollout_engines`` uses them (the CPU replica of the engine's model it builds for
+    miles' own RDMA writes), and this job does not call it."""
+    from sglang.srt.distributed import parallel_state
+
+    for name in ("ParallelismContext", "RankParallelismConfig"):
+        if not hasattr(parallel_state, name):
+            setattr(parallel_state, name, type(name, (), {}))
+    mapper = "sglang.srt.model_loader.parameter_mapper"
+    if importlib.util.find_spec(mapper) is None:
+        module = types.ModuleType(mapper)
+        module.ParameterMapper = type("ParameterMapper", (), {})
+        sys.modules[mapper] = module
+
+
 def main() -> None:
     job = json.loads(sys.argv[1])
     sys.path.insert(0, os.environ["MILES_DIR"])
@@ -108,15 +143,12 @@ def main() -> None:
         miles_parallel_state()
 
     trainer = start(job, miles_groups)
-    from miles.backends.megatron_utils.update_weight.update_weight_from_distributed.broadcast import (  # noqa: E501
-        UpdateWeightFromDistributed,
-    )
-
     args = converter_args(
         trainer, job, swiglu=True, pause_generation_mode=job["pause_mode"],
-        megatron_to_hf_mode="raw",
+        megatron_to_hf_mode="raw", sglang_pp_size=1, rollout_num_gpus_per_engine=1,
+        rollout_num_gpus=1,
     )  # fmt: skip
-    updater = UpdateWeightFromDistributed(
+    updater = updater_class(job["updater"])(
         args, [TENames(c) for c in trainer.chunks], None, model_name="llama",
         quantization_config=None,
     )  # fmt: skip

@@ -608,15 +608,26 @@ MILES_DIR = os.environ.get("MILES_DIR", "")
     "MILES_SGLANG_SITE=<the SGLang venv's site-packages> (the command is in docs/hosts.md)",
 )
 @pytest.mark.parametrize(
-    "layout", [{"tp": 2, "pp": 1, "mode": "retract"}, {"tp": 1, "pp": 2, "mode": "in_place"}],
-    ids=["tp2-retract", "pp2-in_place"],
-)  # fmt: skip
+    "layout",
+    [
+        {"tp": 2, "pp": 1, "mode": "retract", "updater": "broadcast"},
+        {"tp": 1, "pp": 2, "mode": "in_place", "updater": "broadcast"},
+        {"tp": 2, "pp": 1, "mode": "retract", "updater": "p2p"},
+    ],
+    ids=["tp2-retract", "pp2-in_place", "p2p-tp2-retract"],
+)
 def test_miles_own_update_path_sends_through_weight_sync(job, layout, tmp_path) -> None:
-    """miles' real ``UpdateWeightFromDistributed.update_weights`` (its passes, its gathers, its
-    ``convert_to_hf``) under torchrun, with the plugin activated the way a user's job has it."""
-    spec = {"tp": layout["tp"], "pp": layout["pp"], "pause_mode": layout["mode"]}
+    """miles' real ``update_weights`` of ``UpdateWeightFromDistributed`` and of
+    ``UpdateWeightP2P`` (their passes, gathers and ``convert_to_hf``) under torchrun, with the
+    plugin activated the way a user's job has it."""
+    spec = {
+        "tp": layout["tp"], "pp": layout["pp"], "pause_mode": layout["mode"],
+        "updater": layout["updater"],
+    }  # fmt: skip
     records = run_framework_job(job, "miles", {"MILES_DIR": MILES_DIR}, spec, tmp_path)
     assert [r["updater_version"] for r in records] == [1, 2]
+    kind = {"broadcast": "UpdateWeightFromDistributed", "p2p": "UpdateWeightP2P"}
+    assert {r["updater_class"] for r in records} == {kind[layout["updater"]]}
 
 
 @pytest.fixture(scope="module")
