@@ -2,17 +2,18 @@
 one and into two CPU SGLang engines, against two paths measured in the same run.
 
 - ``titan``: ``WeightSync.sync``. One-sided Mooncake TCP writes into each engine's landing
-  region, the SHA-256 check, then SGLang's own loader. Timed from the first hello until every
+  region, the BLAKE3 check, then SGLang's own loader. Timed from the first hello until every
   engine serves again: pause, flush, begin, commit, end and continue are all included.
 - ``broadcast``: SGLang's own ``update_weights_from_distributed`` over a gloo group, slime's
-  default path. ``pause_generation``, ``flush_cache`` and ``begin_weight_update`` run first. Then,
-  per bucket of at most 512 MiB (slime's default ``--update-weight-buffer-size``), the engines
-  receive every tensor of the bucket while the trainer broadcasts them. ``end_weight_update`` and
-  ``continue_generation`` follow. The trainer side runs in the SGLang venv, because it needs
-  SGLang's ``init_custom_process_group``, as slime's does.
+  default path. ``pause_generation``, ``flush_cache`` and ``begin_weight_update`` (where SGLang
+  has it: not 0.5.15.post1) run first. Then, per bucket of at most 512 MiB (slime's default
+  ``--update-weight-buffer-size``), the engines receive every tensor of the bucket while the
+  trainer broadcasts them. ``end_weight_update`` and ``continue_generation`` follow. The trainer
+  side runs in the SGLang venv, because it needs SGLang's ``init_custom_process_group``, as
+  slime's does.
 - ``raw_write``: Mooncake writes of the same bytes from one registered buffer into a registered
-  buffer of another process, one per engine. This is the transport's limit, with no protocol and
-  no check.
+  buffer of another process, one per engine, all at once (the core's write, as titan's). This is
+  the transport's limit, with no protocol and no check.
 
 The model is Llama-shaped: hidden 1024, 8 heads, FFN 4096, vocabulary 8192, bf16, and as many
 layers as make N MB. Engines start from its checkpoint (step 0). Each round syncs freshly
@@ -123,6 +124,7 @@ class Broadcast:
 
     def __init__(self, engines: list[CPUEngine], weights: dict[str, torch.Tensor]) -> None:
         self.engines = engines
+        self.session = engines[0].client.has_session()  # SGLang 0.5.15.post1 has none
         port = free_port()
         self.proc = subprocess.Popen(
             [sglang_python(), "-c", BROADCASTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -161,7 +163,8 @@ class Broadcast:
         for e in self.engines:
             e.api.require("/pause_generation", {"mode": "retract"})
             e.api.require("/flush_cache")
-            e.api.require("/begin_weight_update")
+            if self.session:
+                e.api.require("/begin_weight_update")
         for index, bucket in enumerate(self.buckets):
             body = {
                 "names": [n for n, _ in bucket], "dtypes": ["bfloat16"] * len(bucket),
@@ -182,7 +185,8 @@ class Broadcast:
             for t in calls:
                 t.join()
         for e in self.engines:
-            e.api.require("/end_weight_update")
+            if self.session:
+                e.api.require("/end_weight_update")
             e.api.require("/continue_generation")
 
     def close(self) -> None:
@@ -222,9 +226,18 @@ def raw_write_s(nbytes: int, targets: int, rounds: int, settings: WeightSyncSett
         engine.register(source)
         times = []
         for _ in range(rounds):
+            # every target at once, as titan writes to its engines
+            writes = [
+                threading.Thread(
+                    target=engine.write, args=(session, [source.data_ptr()], [int(addr)], [nbytes])
+                )
+                for session, addr in peers
+            ]
             start = time.perf_counter()
-            for session, addr in peers:
-                engine.write(session, [source.data_ptr()], [int(addr)], [nbytes])
+            for t in writes:
+                t.start()
+            for t in writes:
+                t.join()
             times.append(time.perf_counter() - start)
         engine.unregister(source)
         return statistics.median(times)
