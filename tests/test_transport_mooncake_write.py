@@ -1,10 +1,12 @@
 """The core's one-sided Mooncake write, between two real TCP engines in one process: ranges land
 bit for bit, ranges adjacent on both sides go as one transfer, and a refused write raises the
-caller's error class naming the peer."""
+caller's error class naming the peer; without Mooncake installed, the caller's error names the
+install."""
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -100,3 +102,11 @@ def test_a_write_into_memory_the_peer_no_longer_registers_raises_by_name(pair) -
             writer.write("127.0.0.1:1", [source.data_ptr()], [landing.data_ptr()], [1 << 16])
     finally:
         writer.unregister(source)
+
+
+def test_without_mooncake_an_engine_raises_the_callers_error_naming_the_install(
+    monkeypatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "mooncake.engine", None)  # its import now raises
+    with pytest.raises(Refused, match="writer: Mooncake Transfer Engine is not installed.*pip"):
+        MooncakeEngine(Settings(), who="writer", error=Refused, hint="; or switch it off")

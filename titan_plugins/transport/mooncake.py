@@ -102,7 +102,14 @@ class MooncakeEngine:
         error: type[Exception] = TransportError,
         hint: str = "",
     ) -> None:
-        from mooncake.engine import TransferEngine
+        try:
+            from mooncake.engine import TransferEngine
+        except ImportError as err:  # the plugin's own error: its caller falls back on it
+            raise error(
+                f"{who}: Mooncake Transfer Engine is not installed here ({err}): pip install "
+                "mooncake-transfer-engine (mooncake-transfer-engine-non-cuda where there is no "
+                f"CUDA){hint}"
+            ) from None
 
         self.who, self._error = who, error
 

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 import torch
-from titan_weight_sync import digests, layout, wire
+from titan_weight_sync import digests, engine_side, layout, trainer_side, wire
+from titan_weight_sync.engine_side import EngineEndpoint
 from titan_weight_sync.errors import WeightSyncError
 from titan_weight_sync.hf_checkpoint import save_safetensors
 from titan_weight_sync.settings import WeightSyncSettings
-from titan_weight_sync.trainer_side import WeightSync
+from titan_weight_sync.trainer_side import Landings, LandingWriter, WeightSync
 
+from titan_plugins import host_memory
 from titan_plugins.transport import auth
 
 SECRET = bytes(range(32))
@@ -174,10 +177,6 @@ def test_a_checkpoint_header_is_bounded(tmp_path) -> None:
     [({"pause_mode": "paused"}, "pause mode 'paused'"), ({"selector": "both"}, "selector 'both'")],
 )
 def test_a_session_option_sglang_lacks_is_refused_by_name(options: dict, why: str) -> None:
-    from titan_weight_sync.errors import WeightSyncError
-    from titan_weight_sync.settings import WeightSyncSettings
-    from titan_weight_sync.trainer_side import WeightSync
-
     with pytest.raises(WeightSyncError, match=why):
         WeightSync(["http://127.0.0.1:1"], WeightSyncSettings(protocol="tcp"), **options)
 
@@ -198,3 +197,37 @@ def test_a_framework_updater_keeps_its_connection_until_the_engines_or_options_c
     assert other is not in_place and [api.url for api in other.apis] == ["http://127.0.0.1:2"]
     held.release(updater)
     assert getattr(updater, held.SYNC) is None
+
+
+@pytest.mark.parametrize(
+    ("missing", "why"),
+    [("blake3", "pip install blake3==1.0.11"), ("mooncake.engine", "pip install mooncake")],
+)
+def test_an_engine_without_a_backend_refuses_the_hello_by_name_and_holds_nothing(
+    tmp_path, monkeypatch, missing: str, why: str
+) -> None:
+    """A titan-weight-sync installed with ``--no-deps`` (no blake3), or without its ``mooncake``
+    extra: the hello fails naming the install, before the trainer writes a byte, and no landing
+    memory stays reserved (the trainer then runs the framework's own path)."""
+    save_safetensors({"a.weight": torch.randn(4, 4)}, tmp_path / "model.safetensors")
+    secret_file = str(tmp_path / "secret")
+    auth.write_secret(secret_file)
+    secret = auth.read_secret(secret_file, "secret")
+    endpoint = EngineEndpoint(
+        str(tmp_path), WeightSyncSettings(protocol="tcp", host="127.0.0.1", secret_file=secret_file)
+    )
+    monkeypatch.setitem(sys.modules, missing, None)  # its import now raises ImportError
+    hello = wire.hello_request(secret, auth.nonce())
+    with pytest.raises(WeightSyncError, match=why):
+        endpoint.handle(hello, lambda named: len(named))
+    assert endpoint.nonce is None  # no exchange was opened
+    assert host_memory.usage().get(engine_side.OWNER, 0) == 0
+    with pytest.raises(WeightSyncError, match=why):  # the trainer's side of the same install
+        if missing == "blake3":
+            digests.hasher()
+        else:
+            LandingWriter(WeightSyncSettings(protocol="tcp", host="127.0.0.1")).write(
+                Landings((), (layout.Slot("a.weight", "F32", (4, 4), 0),)),
+                {"a.weight": torch.zeros(4, 4)},
+            )
+    assert host_memory.usage().get(trainer_side.OWNER, 0) == 0

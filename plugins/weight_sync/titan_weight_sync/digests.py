@@ -10,12 +10,13 @@ extensions), and it releases the GIL, so tensors hash on a few threads while Pyt
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 import torch
-from blake3 import blake3
+
+from titan_weight_sync.errors import WeightSyncError
 
 ALGORITHM = "blake3"
 """What the hello names, so a trainer refuses an engine that checks with another hash."""
@@ -30,15 +31,32 @@ class Hasher(Protocol):
     def hexdigest(self) -> str: ...
 
 
+def require() -> Callable[..., Hasher]:
+    """The BLAKE3 constructor.
+
+    :raises WeightSyncError: the ``blake3`` package is missing (an install with ``--no-deps``),
+        naming the fix; the caller falls back to the framework's own path.
+    """
+    try:
+        from blake3 import blake3
+    except ImportError as err:
+        raise WeightSyncError(
+            f"weight_sync: the blake3 package is not installed here ({err}): pip install "
+            "blake3==1.0.11 (a dependency of titan-weight-sync that an install with --no-deps "
+            "leaves out)"
+        ) from None
+    return blake3
+
+
 def hasher() -> Hasher:
     """A fresh incremental digest of :data:`ALGORITHM`."""
-    return blake3()
+    return require()()
 
 
 def digest(tensor: torch.Tensor) -> str:
     """Hex digest of a contiguous CPU tensor's bytes."""
     raw = tensor.contiguous().view(torch.uint8).reshape(-1).numpy()
-    return blake3(memoryview(raw)).hexdigest()
+    return require()(memoryview(raw)).hexdigest()
 
 
 def digest_all(tensors: Iterable[torch.Tensor]) -> list[str]:

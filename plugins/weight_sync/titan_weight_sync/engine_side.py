@@ -26,7 +26,7 @@ from titan_plugins import host_memory
 from titan_plugins.transport import auth
 from titan_plugins.transport.mooncake import MooncakeEngine
 from titan_weight_sync import layout, stats, wire
-from titan_weight_sync.digests import ALGORITHM, digest_all
+from titan_weight_sync.digests import ALGORITHM, digest_all, require
 from titan_weight_sync.errors import WeightSyncError
 from titan_weight_sync.settings import SECRET_FILE, WeightSyncSettings
 
@@ -51,18 +51,22 @@ class Landing:
     def __init__(self, slots: list[layout.Slot], settings: WeightSyncSettings) -> None:
         nbytes = layout.region_bytes(slots)
         self.reservation = host_memory.Reservation(OWNER)
-        if not self.reservation.grow(nbytes):
-            raise WeightSyncError(
-                f"weight_sync: the engine's landing region {host_memory.shortfall(nbytes)}"
+        try:
+            if not self.reservation.grow(nbytes):
+                raise WeightSyncError(
+                    f"weight_sync: the engine's landing region {host_memory.shortfall(nbytes)}"
+                )
+            pinned = torch.cuda.is_available()
+            self.region = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+            self.engine = MooncakeEngine(
+                settings,
+                who="weight_sync",
+                error=WeightSyncError,
+                hint="; check TITAN_WEIGHT_SYNC_PROTOCOL / _HOST / _DEVICE",
             )
-        pinned = torch.cuda.is_available()
-        self.region = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
-        self.engine = MooncakeEngine(
-            settings,
-            who="weight_sync",
-            error=WeightSyncError,
-            hint="; check TITAN_WEIGHT_SYNC_PROTOCOL / _HOST / _DEVICE",
-        )
+        except BaseException:
+            self.reservation.close()  # the memory goes back to the ledger
+            raise
         self.is_open = False
 
     def open(self) -> None:
@@ -133,6 +137,7 @@ class EngineEndpoint:
         self._seen[trainer_nonce] = None
         while len(self._seen) > SEEN_NONCES:
             self._seen.popitem(last=False)
+        require()  # refuse now what a commit could not check
         if self.landing is None:
             self.landing = Landing(self.slots, self.settings)
         self.landing.open()
