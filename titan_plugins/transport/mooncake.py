@@ -186,7 +186,7 @@ class MooncakeEngine:
         failed = ""
         for at, to, nbytes in coalesced(zip(local, remote, lengths)):
             bid = self._te.batch_transfer_async_write(peer, [at], [to], [nbytes])
-            if bid <= 0 or bid >= 2**63:
+            if not _started(bid):
                 failed = f"could not start (id {bid})"
                 break
             pending.append(bid)
@@ -222,7 +222,7 @@ class MooncakeEngine:
             bid = self._te.batch_transfer_async_read(
                 peer, [local_addr + offset], [remote_addr + offset], [length]
             )
-            if bid <= 0 or bid >= 2**63:
+            if not _started(bid):
                 raise self._error(
                     f"{self.who}: Mooncake could not start a read from {peer} (id {bid}): the peer "
                     "died or its address is unreachable"
@@ -249,6 +249,12 @@ class MooncakeEngine:
         for addr in list(self._registered):
             self._te.unregister_memory(addr)
         self._registered.clear()
+
+
+def _started(bid: int) -> bool:
+    """Whether Mooncake's answer to a batch submission is a batch id (0, a negative code, or a
+    negative code read as unsigned, says the transfer never started)."""
+    return 0 < bid < 2**63
 
 
 def coalesced(ranges: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
