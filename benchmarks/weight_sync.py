@@ -44,7 +44,7 @@ import loadguard
 import torch
 from titan_weight_sync.cpu_engine import CPUEngine, sglang_python
 from titan_weight_sync.hf_checkpoint import save_checkpoint
-from titan_weight_sync.settings import WeightSyncSettings
+from titan_weight_sync.settings import SGLANG_PYTHON, WeightSyncSettings
 from titan_weight_sync.trainer_side import WeightSync
 
 from titan_plugins.transport import auth
@@ -318,7 +318,9 @@ def main() -> int:
     loadguard.add_arguments(parser)
     args = parser.parse_args()
     if sglang_python() is None:
-        print("needs the SGLang venv: ./scripts/sglang_env.sh", file=sys.stderr)
+        named = os.environ.get(SGLANG_PYTHON.name, "")
+        where = f" ({SGLANG_PYTHON.name}={named} is not an interpreter here)" if named else ""
+        print(f"needs the SGLang venv: ./scripts/sglang_env.sh{where}", file=sys.stderr)
         return 2
     print(f"weight_sync benchmark  {loadguard.describe(args)}")
     results = []

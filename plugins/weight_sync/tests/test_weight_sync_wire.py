@@ -231,3 +231,26 @@ def test_an_engine_without_a_backend_refuses_the_hello_by_name_and_holds_nothing
                 {"a.weight": torch.zeros(4, 4)},
             )
     assert host_memory.usage().get(trainer_side.OWNER, 0) == 0
+
+
+def test_a_relative_sglang_python_is_found_from_another_directory(tmp_path, monkeypatch) -> None:
+    # scripts/test.sh and docs/hosts.md name the venv from the checkout; the benchmark's test
+    # runs the benchmark from benchmarks/ (CI failed on this: 'needs the SGLang venv')
+    from titan_weight_sync import cpu_engine
+
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    monkeypatch.setattr(cpu_engine, "REPO", tmp_path)
+    monkeypatch.setenv("TITAN_SGLANG_PYTHON", "venv/bin/python")
+    elsewhere = tmp_path / "benchmarks"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert cpu_engine.sglang_python() == str(python)
+    monkeypatch.setenv("TITAN_SGLANG_PYTHON", str(python))
+    assert cpu_engine.sglang_python() == str(python)
+    monkeypatch.setenv("TITAN_SGLANG_PYTHON", "no/such/python")
+    assert cpu_engine.sglang_python() is None
+    monkeypatch.delenv("TITAN_SGLANG_PYTHON")
+    assert cpu_engine.sglang_python() is None  # no .venv-sglang in this "checkout"

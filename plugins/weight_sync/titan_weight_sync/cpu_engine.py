@@ -29,9 +29,23 @@ CPU_ARGS = (
 
 
 def sglang_python() -> str | None:
-    """The interpreter of the SGLang venv, or None when there is none."""
-    found = SGLANG_PYTHON.read() or str(REPO / ".venv-sglang" / "bin" / "python")
-    return found if os.access(found, os.X_OK) else None
+    """The interpreter of the SGLang venv as an absolute path, or None when there is none.
+
+    A relative ``TITAN_SGLANG_PYTHON`` is looked up in the working directory, then in the
+    checkout: the docs and ``scripts/test.sh`` name ``.venv-sglang.../bin/python`` from the
+    checkout, and the benchmark runs from ``benchmarks/``.
+    """
+    named = SGLANG_PYTHON.read()
+    if not named:
+        candidates = [REPO / ".venv-sglang" / "bin" / "python"]
+    elif os.path.isabs(named):
+        candidates = [Path(named)]
+    else:
+        candidates = [Path.cwd() / named, REPO / named]
+    for candidate in candidates:
+        if os.access(candidate, os.X_OK):
+            return str(candidate.absolute())
+    return None
 
 
 class CPUEngine:
