@@ -41,7 +41,7 @@ for line in $FULL_LINES $SOME_LINES; do
   case " $FULL_LINES " in *" $line "*) tests=(-m "not sglang" "$@") ;; *) tests=("$@" "${SOME_TESTS[@]}") ;; esac
   echo "== megatron-core $line ($venv): pytest ${tests[*]:-(the whole suite)}" >&2
   # MEGATRON_CORE tells what the tests start (scripts/demo.sh) which line this leg is.
-  MEGATRON_CORE=$line "$venv/bin/python" -m pytest --junitxml="$results/$line.xml" "${tests[@]}" || status=$?
+  MEGATRON_CORE=$line "$venv/bin/python" -m pytest --durations=20 --junitxml="$results/$line.xml" "${tests[@]}" || status=$?
 done
 if [ "${SGLANG_LEG:-1}" = 1 ]; then
   venv=$(bash -c '. scripts/megatron_line.sh; echo "$VENV"')
@@ -54,24 +54,30 @@ if [ "${SGLANG_LEG:-1}" = 1 ]; then
     fi
     sglang_venv=$(SGLANG_VENV= SGLANG_RELEASE=$release bash -c '. scripts/sglang_release.sh; echo "$SGLANG_VENV"')
     echo "== SGLang $release ($sglang_venv) with megatron-core $(bash -c '. scripts/megatron_line.sh; echo "$MEGATRON_CORE"') trainers: pytest -m sglang" >&2
-    TITAN_SGLANG_PYTHON=$sglang_venv/bin/python "$venv/bin/python" -m pytest \
-      --junitxml="$results/sglang-$release.xml" -m sglang "$@" || status=$?
+    # absolute: the benchmark test runs its script from benchmarks/
+    TITAN_SGLANG_PYTHON=$(cd "$sglang_venv" && pwd)/bin/python "$venv/bin/python" -m pytest \
+      --durations=10 --junitxml="$results/sglang-$release.xml" -m sglang "$@" || status=$?
   done
 fi
 # One closing line for the whole run, summed over every line's pytest.
-python3 - "$results" <<'PY'
+# Each leg's pytest time and the whole run's wall time: CI's budget is 60 minutes for all legs.
+python3 - "$results" "$SECONDS" <<'PY'
 import pathlib, sys, xml.etree.ElementTree as ET
 total = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+pytest_s = 0.0
 for path in sorted(pathlib.Path(sys.argv[1]).glob("*.xml")):
     for suite in ET.parse(path).getroot().iter("testsuite"):
         for key in total:
             total[key] += int(suite.get(key, 0))
         name = path.stem
         leg = f"SGLang {name[7:]}" if name.startswith("sglang-") else f"megatron-core {name}"
+        seconds = float(suite.get("time", 0))
+        pytest_s += seconds
         print(f"{leg}: {suite.get('tests')} tests, {suite.get('failures')} failed, "
-              f"{suite.get('errors')} errors, {suite.get('skipped')} skipped")
+              f"{suite.get('errors')} errors, {suite.get('skipped')} skipped in {seconds:.0f} s")
 failed = total["failures"] + total["errors"]
 passed = total["tests"] - failed - total["skipped"]
-print(f"total: {passed} passed, {failed} failed, {total['skipped']} skipped")
+print(f"total: {passed} passed, {failed} failed, {total['skipped']} skipped; "
+      f"{sys.argv[2]} s wall, {pytest_s:.0f} s in pytest, the rest venv set-up and lint")
 PY
 exit "$status"
