@@ -669,6 +669,54 @@ def test_a_moe_model_from_an_ep2_trainer_matches_a_disk_loaded_engine_and_transf
     assert hf["logits_max_diff"] < 1e-5 * max(1.0, hf["logits_scale"]), hf
 
 
+# ---------------------------------------------------------------- an engine with tp_size 2
+@pytest.fixture(scope="module")
+def tp2_engine(job):
+    """An engine with two TP ranks (two scheduler processes, each its own shard), serving the
+    initial checkpoint; SGLang on CPU needs a core list per rank."""
+    cores = f"0|{min(1, (os.cpu_count() or 1) - 1)}"
+    env = {"TITAN_WEIGHT_SYNC_SECRET_FILE": job["secret"], "SGLANG_CPU_OMP_THREADS_BIND": cores}
+    engine = CPUEngine(job["dir"] / "ckpt0", job["dir"] / "tp2.log", env, ("--tp-size", "2"))
+    try:
+        yield engine.wait_ready()
+    finally:
+        engine.stop()
+
+
+def test_a_tp2_engine_loads_every_rank_and_matches_itself_loaded_from_disk(job, tp2_engine):
+    """Rank 0 takes the write and the checks, each rank loads its own shard: after each of two
+    syncs the engine's logprobs are bit-identical to the same engine loaded from disk; a
+    forged write is refused on every rank, and the engine goes on serving."""
+    client = tp2_engine.client
+    initial = client.generate(PROMPTS)
+    ckpt0 = job["dir"] / "ckpt0"
+    weights0 = load_safetensors(ckpt0 / "model.safetensors")
+    generator = torch.Generator().manual_seed(7)
+    weights1 = {
+        name: (t.float() + 0.02 * torch.randn(t.shape, generator=generator)).to(t.dtype)
+        for name, t in weights0.items()
+    }
+    config = json.loads((ckpt0 / "config.json").read_text())
+    ckpt1 = save_checkpoint(weights1, config, job["dir"] / "tp2_ckpt1", torch.bfloat16)
+    sync = WeightSync([tp2_engine.url], settings(job["secret"], staging_bytes=64 << 10))
+    try:
+        sync.sync(load_safetensors(ckpt1 / "model.safetensors"), "tp2-a")
+        assert client.weight_version() == "tp2-a"
+        synced = client.generate(PROMPTS)
+        assert synced != initial, "the update changed nothing the engine serves"
+        client.load_from_disk(ckpt1, "disk-a")
+        assert client.generate(PROMPTS) == synced  # bit-identical logprobs, both ranks' shards
+        sync.sync(weights0, "tp2-b")
+        assert client.weight_version() == "tp2-b"
+        assert client.generate(PROMPTS) == initial  # the initial checkpoint, loaded from disk
+        sync.writer = _ForgedInBetween(sync.settings)
+        with pytest.raises(WeightSyncError, match="differ from what the trainer wrote"):
+            sync.sync(weights1, "tp2-forged")
+    finally:
+        sync.close()
+    assert client.weight_version() == "tp2-b" and client.generate(PROMPTS) == initial
+
+
 # ---------------------------------------------------------------- faults
 def _serving(job) -> tuple[str, list]:
     client = job["synced"].client

@@ -11,6 +11,11 @@ SGLang answers its own weight requests, so the load runs where SGLang's own load
 - SGLang 0.5.15.post1 (:func:`serve_sessionless`, slime's pin): it has no session, so a commit is
   loaded only while generation is paused (``pause_generation``); SGLang's tokenizer manager
   records the version of a successful request itself, and the scheduler flushes the cache.
+
+SGLang hands each request to every tensor-parallel rank of the engine. Rank 0 holds the landing
+region and decides; with ``tp_size`` > 1 it sends the other ranks the verdict and the verified
+bytes, and each rank loads its own shard (:mod:`titan_weight_sync.engine_tp`). Engines with
+``pp_size`` > 1 are refused.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 
 import torch
 
-from titan_weight_sync import stats
+from titan_weight_sync import engine_tp, stats
 from titan_weight_sync.engine_side import EngineEndpoint, Loader, Refused
 from titan_weight_sync.errors import WeightSyncError
 
@@ -63,8 +68,9 @@ def serve(manager: Any, recv_req: Any) -> Any:
     not_ready = ""
     if manager._session is None:
         not_ready = "no weight-update session is open (call begin_weight_update first)"
+    parallel = get_parallel()
     return _answer(
-        manager, recv_req, getattr(get_parallel(), "tp_size", 1), load, not_ready, after_commit,
+        manager, recv_req, (parallel.tp_group, parallel.pp_size), load, not_ready, after_commit,
         session=True,
     )  # fmt: skip
 
@@ -105,33 +111,49 @@ def serve_sessionless(manager: Any, recv_req: Any) -> Any:
             "requests are still running or queued, so the cache could not be flushed after "
             "the load: retract them first"
         )
-    tp_size = torch.distributed.get_world_size(group=manager.tp_cpu_group)
-    return _answer(manager, recv_req, tp_size, load, not_ready, after_commit, session=False)
+    from sglang.srt.distributed.parallel_state import get_pp_group, get_tp_group
+
+    engine = (get_tp_group(), get_pp_group().world_size)
+    return _answer(manager, recv_req, engine, load, not_ready, after_commit, session=False)
 
 
 def _answer(
     manager: Any,
     recv_req: Any,
-    tp_size: int,
+    engine: tuple[engine_tp.TPGroup, int],
     load: Loader,
     not_ready: str,
     after_commit: AfterCommit,
     session: bool,
 ) -> Any:
-    """The answer both SGLang lines share: read the message, let the endpoint decide, and on a
-    commit that loaded, what SGLang does after its own update (``after_commit``)."""
-    from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqOutput
-
-    op = ""  # known once the endpoint has read the message
+    """The answer both SGLang lines share, on every TP rank of the engine (``engine``: SGLang's
+    TP ``GroupCoordinator`` and the number of pipeline stages): rank 0 reads the message and
+    lets the endpoint decide; with more ranks, it then sends them the verdict and the verified
+    bytes (:mod:`engine_tp`). On a commit that loaded, every rank does what SGLang does after
+    its own update (``after_commit``)."""
+    group, stages = engine
     try:
-        if tp_size != 1:
+        # the same on every rank (the same model and layout), so no rank waits for a verdict
+        if stages != 1:  # every stage would need its own landing region and commit
             raise Refused(
-                f"engines with tp_size {tp_size} are not served yet (tp_size 1 only); "
+                f"engines with pp_size {stages} are not served yet (pp_size 1, any tp_size); "
                 "use the framework's own weight update"
             )
+        this = endpoint(manager, session)
+    except Exception as err:
+        text = f"weight_sync refused the message: {err}"
+        if group.rank_in_group == 0:
+            logger.warning(text)
+        return _reply(manager, False, text)
+    cap = this.settings.staging_bytes
+    if group.rank_in_group != 0:
+        return _reply(manager, *_follow(group, this, cap, load, after_commit))
+    leader = engine_tp.Leader(group, this, cap, load) if group.world_size > 1 else None
+    op = ""  # known once the endpoint has read the message
+    try:
         payloads = recv_req.serialized_named_tensors
         raw = payloads[0] if len(payloads) == 1 else None
-        op, text = endpoint(manager, session).handle(raw, load, not_ready)
+        op, text = this.handle(raw, leader.load if leader else load, not_ready)
         success = True
     except Refused as err:
         success, text = False, f"weight_sync refused the {err.op or 'message'}: {err}"
@@ -140,7 +162,31 @@ def _answer(
         stats.count("failed")
         success, text = False, f"weight_sync failed: {type(err).__name__}: {err}"
         logger.warning(text, exc_info=True)
+    finally:
+        if leader is not None:
+            leader.finish()  # the other ranks wait for a verdict on every message
     if success and op == "commit":
         success, text = after_commit(success, text)
+    return _reply(manager, success, text)
+
+
+def _reply(manager: Any, success: bool, text: str) -> Any:
+    """SGLang's reply struct, after the TP ranks meet (as SGLang's own weight requests do)."""
+    from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqOutput
+
     torch.distributed.barrier(group=manager.tp_cpu_group)
     return UpdateWeightsFromTensorReqOutput(success=success, message=text)
+
+
+def _follow(
+    group: engine_tp.TPGroup, this: EngineEndpoint, cap: int, load: Loader, after: AfterCommit
+) -> tuple[bool, str]:
+    """A TP rank other than 0: load what rank 0 verified, then what SGLang does after an
+    update. Only rank 0's answer reaches the trainer; this one goes to the log."""
+    try:
+        if not engine_tp.follow(group, this.slots, cap, load):
+            return True, ""  # not a load (a hello, an abort or a refusal, answered by rank 0)
+    except WeightSyncError as err:
+        logger.warning("weight_sync: TP rank %d: %s", group.rank_in_group, err)
+        return False, str(err)
+    return after(True, "")

@@ -13,7 +13,7 @@ selector. Generation is paused only for the commit, not while the buckets move (
 any SGLang weight request, waits for the requests in flight to finish).
 
 When weight_sync cannot serve the update (an engine without its endpoint, an engine with
-``tp_size`` > 1, a tensor the engines do not serve, a dead engine), rank 0 logs why, every rank
+``pp_size`` > 1, a tensor the engines do not serve, a dead engine), rank 0 logs why, every rank
 takes back the version it counted, and miles' own ``update_weights`` runs from the start. LoRA
 updates are miles' own (adapters, not the model).
 """

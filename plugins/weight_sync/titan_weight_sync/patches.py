@@ -7,6 +7,7 @@ after its target module has executed.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -32,9 +33,16 @@ def _serving(serve_name: str) -> Callable[[Callable[..., Any]], Callable[..., An
         def update_weights_from_tensor(self: Any, recv_req: Any) -> Any:
             if getattr(recv_req, "load_format", None) != LOAD_FORMAT:
                 return original(self, recv_req)
-            from titan_weight_sync import engine_hooks
+            try:
+                from titan_weight_sync import engine_hooks
 
-            return getattr(engine_hooks, serve_name)(self, recv_req)
+                return getattr(engine_hooks, serve_name)(self, recv_req)
+            except Exception as err:  # a failure of ours must not take the scheduler down
+                from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqOutput
+
+                text = f"weight_sync failed: {type(err).__name__}: {err}"
+                logging.getLogger("titan_plugins.weight_sync").warning(text, exc_info=True)
+                return UpdateWeightsFromTensorReqOutput(success=False, message=text)
 
         return update_weights_from_tensor
 

@@ -49,7 +49,8 @@ STAGING_BYTES = Setting(
     256 << 20,
     "the trainer's registered staging buffer (host memory, reserved in the core's ledger), "
     "used as two halves: one is written while the next piece is packed into the other; a "
-    "tensor larger than a half goes in ranges",
+    "tensor larger than a half goes in ranges; in an engine with tp_size > 1, the most that TP "
+    "rank 0 sends the other ranks in one broadcast",
     minimum=1 << 16,
 )
 TIMEOUT_S = Setting(
