@@ -136,3 +136,43 @@ def test_timeout_and_dead_worker_tear_down_and_rebuild_the_pool():
         assert not pool.started  # torn down; the next run() starts a fresh world (as above)
     finally:
         pool.close()
+
+
+def path_and_port() -> tuple:
+    import sys
+
+    return sys.path[0], os.environ.get("MASTER_PORT"), rank_info("preloaded")
+
+
+def test_preloaded_pools_are_set_up_alike_and_each_is_a_fresh_process():
+    """Workers forked from the fork server (torch and megatron.core imported once) get the same
+    set-up, their own pool's rendezvous, and no state from an earlier pool."""
+    expected = {
+        "plugins_activated": False, "autoload": "0", "compile_disabled": "1", "threads": 1,
+        "harness": True, "megatron_imported": True,
+    }  # fmt: skip
+    with GlooWorkerPool(2, preloaded=True) as pool:
+        assert pool.run(worker_environment) == [expected, expected]
+        first = pool.run(count_calls)
+        (_, port, info), _ = pool.run(path_and_port)
+        assert info == (0, 2, "preloaded", 3)
+    with GlooWorkerPool(2, preloaded=True) as pool:
+        second = pool.run(count_calls)
+        (_, other_port, _), _ = pool.run(path_and_port)
+    assert [n for _, n in second] == [1, 1]  # nothing of the first pool's processes survived
+    assert {pid for pid, _ in first}.isdisjoint(pid for pid, _ in second)
+    assert port != other_port
+
+
+def test_a_preloaded_pool_under_another_sys_path_is_spawned_with_it(monkeypatch, tmp_path):
+    with GlooWorkerPool(1, preloaded=True) as pool:
+        pool.run(count_calls)  # the fork server runs with this sys.path
+    monkeypatch.syspath_prepend(str(tmp_path))  # as verify does for a Megatron-LM checkout
+    with GlooWorkerPool(1, preloaded=True) as pool:
+        ((first, _, _),) = pool.run(path_and_port)
+    assert first == str(tmp_path)
+
+
+def test_a_preloaded_pool_refuses_an_environment_of_its_own():
+    with pytest.raises(ValueError, match="pass env only to a spawned pool"):
+        GlooWorkerPool(1, env={"X": "1"}, preloaded=True)

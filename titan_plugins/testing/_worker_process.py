@@ -1,8 +1,10 @@
 """The worker side of ``GlooWorkerPool``: start-up, task loop, function lookup by file path.
 
-Runs in a spawned child. The parent has already put the worker environment (autoload off, one
-thread, torch.compile off) into ``os.environ`` before spawning, because ``import torch`` (which
-fires the plugin autoload) happens while the child unpickles this module, before any code here.
+Runs in a spawned child, or in a child forked from the fork server of a preloaded pool. The
+parent has already put the worker environment (autoload off, one thread, torch.compile off) into
+``os.environ`` before spawning, because ``import torch`` (which fires the plugin autoload) happens
+while the child unpickles this module, before any code here; the fork server was started with the
+same environment and imported torch under it (``_worker_preload``).
 """
 
 from __future__ import annotations
@@ -124,9 +126,18 @@ def _start(rank: int, world_size: int, port: int, init_timeout_s: float) -> None
 
 
 def worker_main(
-    rank: int, world_size: int, port: int, conn: Connection, init_timeout_s: float
+    rank: int,
+    world_size: int,
+    port: int,
+    conn: Connection,
+    init_timeout_s: float,
+    env: dict[str, str] | None = None,
 ) -> None:
-    """Entry point of a pool worker: start up, then run tasks until told to close (or EOF)."""
+    """Entry point of a pool worker: start up, then run tasks until told to close (or EOF).
+
+    ``env``: the pool's environment, set here for a worker forked by the fork server (which
+    inherits the server's environment, not the parent's)."""
+    os.environ.update(env or {})
     try:
         _start(rank, world_size, port, init_timeout_s)
     except BaseException as exc:
