@@ -254,3 +254,24 @@ def test_a_relative_sglang_python_is_found_from_another_directory(tmp_path, monk
     assert cpu_engine.sglang_python() is None
     monkeypatch.delenv("TITAN_SGLANG_PYTHON")
     assert cpu_engine.sglang_python() is None  # no .venv-sglang in this "checkout"
+
+
+def test_only_sglang_0_5_15_engines_are_given_a_grpc_port(tmp_path, monkeypatch) -> None:
+    # 0.5.15.post1 refuses to start without a valid one; 0.5.23 starts a gRPC server on a port
+    # it is given (an extra listener, and CI lost a benchmark run to a race for that port)
+    from titan_weight_sync import cpu_engine
+
+    python = tmp_path / "venv" / "bin" / "python"
+    assert cpu_engine.sglang_release(str(python)) is None
+    started: list[dict] = []
+    monkeypatch.setattr(cpu_engine, "sglang_python", lambda: str(python))
+    monkeypatch.setattr(cpu_engine.subprocess, "Popen", lambda *a, env, **k: started.append(env))
+    for release in ("0.5.23", "0.5.15.post1"):
+        site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+        for old in site.glob("sglang-*.dist-info") if site.exists() else []:
+            old.rmdir()
+        (site / f"sglang-{release}.dist-info").mkdir(parents=True)
+        assert cpu_engine.sglang_release(str(python)) == release
+        cpu_engine.CPUEngine(tmp_path, tmp_path / f"{release}.log")
+    assert "SGLANG_GRPC_PORT" not in started[0]
+    assert 0 < int(started[1]["SGLANG_GRPC_PORT"]) < 65536

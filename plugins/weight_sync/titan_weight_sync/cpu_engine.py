@@ -48,6 +48,13 @@ def sglang_python() -> str | None:
     return None
 
 
+def sglang_release(python: str) -> str | None:
+    """The SGLang release installed in the venv of ``python`` (from its dist-info), or None."""
+    venv = Path(python).parent.parent
+    found = sorted(venv.glob("lib/python3.*/site-packages/sglang-*.dist-info"))
+    return found[0].name[len("sglang-") : -len(".dist-info")] if found else None
+
+
 class CPUEngine:
     """One ``sglang.launch_server`` process serving ``model_dir`` on 127.0.0.1.
 
@@ -72,14 +79,17 @@ class CPUEngine:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = Path(log)
+        grpc = {}
+        if sglang_release(python) == "0.5.15.post1":
+            # it checks a gRPC port even with gRPC off (its default, --port + 10000, overflows
+            # for an ephemeral --port); 0.5.23 would start a gRPC server on the port it is given
+            grpc = {"SGLANG_GRPC_PORT": str(free_port())}
         full_env = {
             **os.environ,
             "SGLANG_USE_CPU_ENGINE": "1",
             "TITAN_WEIGHT_SYNC_PROTOCOL": "tcp",
             "OMP_NUM_THREADS": "1",
-            # 0.5.15.post1 checks a gRPC port even with gRPC off (its default, --port + 10000,
-            # overflows for an ephemeral --port)
-            "SGLANG_GRPC_PORT": str(free_port()),
+            **grpc,
             **(env or {}),
         }
         full_env.pop("TITAN_PLUGINS_AUTOLOAD", None)  # the engine loads plugins as users' do
