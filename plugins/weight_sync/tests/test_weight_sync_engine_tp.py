@@ -92,7 +92,7 @@ def fanout_task(case: str) -> dict:
             finally:
                 leader.finish()
         else:
-            outcome = "loaded" if engine_tp.follow(group, slots, CAP, load) else "skipped"
+            outcome = "loaded" if engine_tp.follow(group, slots, load) else "skipped"
     except WeightSyncError as err:
         outcome = f"error: {err}"
     finally:
@@ -133,9 +133,9 @@ def test_a_rank_without_room_for_a_bucket_stops_the_load_before_any_rank_loads(g
 def test_a_rank_whose_loader_fails_fails_the_commit_on_every_rank(gloo_pool2) -> None:
     leader, follower = gloo_pool2.run(fanout_task, "rank1_fails")
     for result in (leader, follower):
-        assert result["outcome"] == (
+        assert result["outcome"].startswith(
             "error: SGLang's loader failed on TP rank 1: RuntimeError: the loader broke on this "
-            "bucket"
+            "bucket; the other ranks loaded, so the engine's ranks now hold different weights"
         )
     assert leader["names"] == [name for name, _, _ in ENTRIES]  # rank 0 went on sending
     assert follower["names"] == ["a.weight", "b.bias"]  # the first bucket, then the failure

@@ -132,8 +132,8 @@ def _answer(
     bytes (:mod:`engine_tp`). On a commit that loaded, every rank does what SGLang does after
     its own update (``after_commit``)."""
     group, stages = engine
+    why = ""
     try:
-        # the same on every rank (the same model and layout), so no rank waits for a verdict
         if stages != 1:  # every stage would need its own landing region and commit
             raise Refused(
                 f"engines with pp_size {stages} are not served yet (pp_size 1, any tp_size); "
@@ -141,19 +141,22 @@ def _answer(
             )
         this = endpoint(manager, session)
     except Exception as err:
-        text = f"weight_sync refused the message: {err}"
+        why = f"weight_sync refused the message: {err}"
+    if group.world_size > 1:  # the ranks agree before any of them waits for a verdict
+        whys = engine_tp.gather(group, why)
+        why = next((w for w in whys if w), "")
+    if why:
         if group.rank_in_group == 0:
-            logger.warning(text)
-        return _reply(manager, False, text)
-    cap = this.settings.staging_bytes
+            logger.warning(why)
+        return _reply(manager, False, why)
     if group.rank_in_group != 0:
-        return _reply(manager, *_follow(group, this, cap, load, after_commit))
-    leader = engine_tp.Leader(group, this, cap, load) if group.world_size > 1 else None
+        return _reply(manager, *_follow(group, this, load, after_commit))
+    leader = engine_tp.Leader(group, this, this.settings.staging_bytes, load)
     op = ""  # known once the endpoint has read the message
     try:
         payloads = recv_req.serialized_named_tensors
         raw = payloads[0] if len(payloads) == 1 else None
-        op, text = this.handle(raw, leader.load if leader else load, not_ready)
+        op, text = this.handle(raw, leader.load if group.world_size > 1 else load, not_ready)
         success = True
     except Refused as err:
         success, text = False, f"weight_sync refused the {err.op or 'message'}: {err}"
@@ -163,11 +166,22 @@ def _answer(
         success, text = False, f"weight_sync failed: {type(err).__name__}: {err}"
         logger.warning(text, exc_info=True)
     finally:
-        if leader is not None:
+        if group.world_size > 1:
             leader.finish()  # the other ranks wait for a verdict on every message
-    if success and op == "commit":
-        success, text = after_commit(success, text)
+    # the other ranks go on after a load that succeeded everywhere, so rank 0 does too
+    if (success and op == "commit") or leader.loaded:
+        success, text = _after(after_commit, success, text)
     return _reply(manager, success, text)
+
+
+def _after(after_commit: AfterCommit, success: bool, text: str) -> tuple[bool, str]:
+    """What SGLang does after an update (record the version, flush), never raising: every rank
+    must still reach the barrier in :func:`_reply`."""
+    try:
+        return after_commit(success, text)
+    except Exception as err:
+        logger.warning("weight_sync: after the load: %s", err, exc_info=True)
+        return False, f"weight_sync loaded the update, then failed: {type(err).__name__}: {err}"
 
 
 def _reply(manager: Any, success: bool, text: str) -> Any:
@@ -179,14 +193,15 @@ def _reply(manager: Any, success: bool, text: str) -> Any:
 
 
 def _follow(
-    group: engine_tp.TPGroup, this: EngineEndpoint, cap: int, load: Loader, after: AfterCommit
+    group: engine_tp.TPGroup, this: EngineEndpoint, load: Loader, after: AfterCommit
 ) -> tuple[bool, str]:
     """A TP rank other than 0: load what rank 0 verified, then what SGLang does after an
-    update. Only rank 0's answer reaches the trainer; this one goes to the log."""
+    update. Only rank 0's answer reaches the trainer; this one goes to the log. Never raises:
+    every rank must reach the barrier in :func:`_reply`."""
     try:
-        if not engine_tp.follow(group, this.slots, cap, load):
+        if not engine_tp.follow(group, this.slots, load):
             return True, ""  # not a load (a hello, an abort or a refusal, answered by rank 0)
-    except WeightSyncError as err:
+    except Exception as err:
         logger.warning("weight_sync: TP rank %d: %s", group.rank_in_group, err)
         return False, str(err)
-    return after(True, "")
+    return _after(after, True, "")

@@ -83,7 +83,8 @@ def _broadcast_object(group: TPGroup, value: Any) -> Any:
     return box[0]
 
 
-def _gather_objects(group: TPGroup, value: Any) -> list[Any]:
+def gather(group: TPGroup, value: Any) -> list[Any]:
+    """Every rank's ``value``, in rank order, on every rank (a collective of the TP group)."""
     out: list[Any] = [None] * group.world_size
     torch.distributed.all_gather_object(out, value, group=group.cpu_group)
     return out
@@ -125,7 +126,7 @@ def _distribute(
     sender_on_host = group.rank_in_group == 0 and group.device.type == "cpu"
     buffer = None if sender_on_host else _BucketBuffer(group, largest)
     try:
-        ready = _gather_objects(group, buffer.error if buffer else "")
+        ready = gather(group, buffer.error if buffer else "")
         missing = [f"TP rank {rank}: {why}" for rank, why in enumerate(ready) if why]
         if missing:
             raise WeightSyncError("; ".join(missing) + "; nothing was loaded")
@@ -147,13 +148,20 @@ def _distribute(
                     load(_views(data, bucket))
                 except Exception as err:  # reported on every rank below
                     failed = f"{type(err).__name__}: {err}"
-        errors = _gather_objects(group, failed)
+        errors = gather(group, failed)
         bad = [f"TP rank {rank}: {why}" for rank, why in enumerate(errors) if why]
         if bad:
-            raise WeightSyncError("SGLang's loader failed on " + "; ".join(bad))
+            raise WeightSyncError(
+                "SGLang's loader failed on " + "; ".join(bad) + "; the other ranks loaded, so "
+                "the engine's ranks now hold different weights: load a checkpoint "
+                "(update_weights_from_disk) or restart the engine"
+            )
     finally:
         if buffer is not None:
             buffer.close()
+            device = getattr(torch, group.device.type, None)  # cuda, musa: give the bucket back
+            if group.device.type != "cpu" and hasattr(device, "empty_cache"):
+                device.empty_cache()
 
 
 class Leader:
@@ -164,6 +172,7 @@ class Leader:
     def __init__(self, group: TPGroup, endpoint: EngineEndpoint, cap: int, load: Loader) -> None:
         self.group, self.endpoint, self.cap, self._load = group, endpoint, cap, load
         self.sent = False
+        self.loaded = False  # every rank loaded the update
 
     def load(self, named: list[tuple[str, torch.Tensor]]) -> int:
         """The endpoint's loader on rank 0, called with the verified landing region's tensors."""
@@ -172,8 +181,9 @@ class Leader:
         if landing is None or [name for name, _ in named] != [slot.name for slot in slots]:
             raise WeightSyncError("the verified tensors are not the engine's table, in order")
         self.sent = True
-        _broadcast_object(self.group, LOAD)
+        _broadcast_object(self.group, (LOAD, self.cap))  # rank 0's bucket size rules
         _distribute(self.group, landing.region, slots, self.cap, self._load)
+        self.loaded = True
         return len(named)
 
     def finish(self) -> None:
@@ -183,13 +193,15 @@ class Leader:
             _broadcast_object(self.group, SKIP)
 
 
-def follow(group: TPGroup, slots: list[layout.Slot], cap: int, load: Loader) -> bool:
+def follow(group: TPGroup, slots: list[layout.Slot], load: Loader) -> bool:
     """A TP rank other than 0: wait for rank 0's verdict and, on LOAD, load every bucket.
 
     :returns: whether this message loaded an update on every rank (False for a SKIP).
     :raises WeightSyncError: the load failed on some rank (the same on every rank).
     """
-    if _broadcast_object(group, None) != LOAD:
+    verdict = _broadcast_object(group, None)
+    if verdict == SKIP:
         return False
+    _, cap = verdict
     _distribute(group, None, slots, cap, load)
     return True
