@@ -164,6 +164,23 @@ def test_preloaded_pools_are_set_up_alike_and_each_is_a_fresh_process():
     assert port != other_port
 
 
+def read_env(name: str) -> str | None:
+    return os.environ.get(name)
+
+
+def test_a_preloaded_pool_sees_the_environment_of_its_start_not_the_servers(monkeypatch):
+    monkeypatch.setenv("TITAN_TEST_MARK", "before")
+    with GlooWorkerPool(1, preloaded=True) as pool:
+        assert pool.run(read_env, "TITAN_TEST_MARK") == ["before"]
+    monkeypatch.setenv("TITAN_TEST_MARK", "after")  # the server started with "before" (or none)
+    monkeypatch.setenv("TITAN_TEST_OTHER", "1")
+    with GlooWorkerPool(1, preloaded=True) as pool:
+        assert pool.run(read_env, "TITAN_TEST_MARK") == ["after"]
+    monkeypatch.delenv("TITAN_TEST_OTHER")
+    with GlooWorkerPool(1, preloaded=True) as pool:
+        assert pool.run(read_env, "TITAN_TEST_OTHER") == [None]
+
+
 def test_a_preloaded_pool_under_another_sys_path_is_spawned_with_it(monkeypatch, tmp_path):
     with GlooWorkerPool(1, preloaded=True) as pool:
         pool.run(count_calls)  # the fork server runs with this sys.path

@@ -135,9 +135,11 @@ def worker_main(
 ) -> None:
     """Entry point of a pool worker: start up, then run tasks until told to close (or EOF).
 
-    ``env``: the pool's environment, set here for a worker forked by the fork server (which
-    inherits the server's environment, not the parent's)."""
-    os.environ.update(env or {})
+    ``env``: the parent's environment at the pool's start, set here for a worker forked by the
+    fork server (which would otherwise keep the server's)."""
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
     try:
         _start(rank, world_size, port, init_timeout_s)
     except BaseException as exc:

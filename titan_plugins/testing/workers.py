@@ -104,6 +104,9 @@ def _fork_server() -> Any:
         return None
     ctx = multiprocessing.get_context("forkserver")
     if _FORK_SERVER_PATH is None:
+        if getattr(forkserver._forkserver, "_forkserver_pid", None) is not None:
+            return None  # another server, started by other code without our preload
+
         ctx.set_forkserver_preload(["titan_plugins.testing._worker_preload"])
         with _ENV_LOCK, environ(WORKER_ENV):  # the server's environment, once
             forkserver.ensure_running()
@@ -121,7 +124,10 @@ class GlooWorkerPool:
     ``preloaded=True``: the workers are forked from a fork server that imported torch and
     megatron.core once, so a pool starts in about a second rather than ~7 s of imports per
     worker; each worker is still a fresh process (what one pool's tasks patch dies with it). For
-    pools started one after another, such as one job per run.
+    pools started one after another, such as one job per run. Such a worker gets the parent's
+    environment as it is at the pool's start, but what torch and megatron read while importing
+    they read in the server, and its output goes where the server's went (a failing task's
+    traceback still comes back with the error).
     """
 
     def __init__(
@@ -174,7 +180,16 @@ class GlooWorkerPool:
                     parent_conn, child_conn = ctx.Pipe()
                     proc = ctx.Process(
                         target=worker_main,
-                        args=(rank, self.world_size, port, child_conn, self.start_timeout, env),
+                        # the whole environment: a forked worker would otherwise keep the
+                        # server's, from when it started
+                        args=(
+                            rank,
+                            self.world_size,
+                            port,
+                            child_conn,
+                            self.start_timeout,
+                            dict(os.environ),
+                        ),
                         name=f"titan-gloo-worker-{rank}",
                         daemon=True,
                     )
