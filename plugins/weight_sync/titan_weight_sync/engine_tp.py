@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
-from titan_plugins import host_memory
+from titan_plugins import host_memory, platform
 from titan_weight_sync import layout
 from titan_weight_sync.engine_side import EngineEndpoint, Loader
 from titan_weight_sync.errors import WeightSyncError
@@ -159,8 +159,8 @@ def _distribute(
     finally:
         if buffer is not None:
             buffer.close()
-            device = getattr(torch, group.device.type, None)  # cuda, musa: give the bucket back
-            if group.device.type != "cpu" and hasattr(device, "empty_cache"):
+            device = platform.device_module(group.device.type)  # cuda, musa: give it back
+            if device is not None:
                 device.empty_cache()
 
 
