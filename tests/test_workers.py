@@ -118,6 +118,53 @@ def test_workers_are_set_up_for_megatron_tests(gloo_pool2):
     assert gloo_pool2.run(worker_environment) == [expected, expected]
 
 
+def gloo_io_threads() -> int:
+    return sum(
+        1
+        for tid in os.listdir("/proc/self/task")
+        if open(f"/proc/self/task/{tid}/comm").read().strip() == "gloo_tcp_loop"
+    )
+
+
+def groups_at_once(count: int) -> dict:
+    """``count`` new groups of the two ranks, used at once: async all-reduces, then a send and a
+    receive on every group in flight together."""
+    import torch
+    import torch.distributed as dist
+
+    from titan_plugins.testing import gloo_device
+
+    rank, peer = dist.get_rank(), 1 - dist.get_rank()
+    threads_before = gloo_io_threads()
+    groups = [dist.new_group([0, 1]) for _ in range(count)]
+    tensors = [torch.full((50_000,), float(rank + i)) for i in range(count)]
+    for work in [dist.all_reduce(t, group=g, async_op=True) for t, g in zip(tensors, groups)]:
+        work.wait()
+    received = [torch.zeros(1_000) for _ in range(count)]
+    requests = []
+    for i, group in enumerate(groups):
+        requests.append(dist.isend(torch.full((1_000,), 10.0 * rank + i), peer, group=group))
+        requests.append(dist.irecv(received[i], peer, group=group))
+    for request in requests:
+        request.wait()
+    return {
+        "shared": gloo_device.shared(),
+        "threads_added": gloo_io_threads() - threads_before,
+        "sums": [sorted(set(t.tolist())) for t in tensors],
+        "received": [sorted(set(r.tolist())) for r in received],
+    }
+
+
+def test_a_workers_groups_share_one_io_thread_and_still_run_at_once(gloo_pool2):
+    # each gloo group had a device whose I/O thread wakes every 10 ms: a worker keeping every
+    # layout's groups ran 70-90 of them, idle, through the whole session (gloo_device)
+    results = gloo_pool2.run(groups_at_once, 6)
+    for rank, result in enumerate(results):
+        assert result["shared"] and result["threads_added"] == 0
+        assert result["sums"] == [[float(1 + 2 * i)] for i in range(6)]
+        assert result["received"] == [[10.0 * (1 - rank) + i] for i in range(6)]
+
+
 def test_closures_are_rejected_before_anything_runs(gloo_pool2):
     with pytest.raises(ValueError, match="module-level function"):
         gloo_pool2.run(lambda: 0)

@@ -113,6 +113,11 @@ def _start(rank: int, world_size: int, port: int, init_timeout_s: float) -> None
     import megatron.core  # noqa: F401  (the ~7 s import every task would otherwise pay)
     import torch.distributed as dist
 
+    from titan_plugins.testing import gloo_device
+
+    # the worker keeps every layout's groups: one I/O thread for all, not one each (gloo_device)
+    gloo_device.share_one_device()
+
     store = dist.TCPStore(
         "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=init_timeout_s)
     )
