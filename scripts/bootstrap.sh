@@ -3,6 +3,10 @@
 # for the default line, .venv-<version> for the others) with the pinned toolchain, that line's
 # megatron-core, the core and every plugin in editable mode. Idempotent: a second run only
 # re-checks. Used by scripts/demo.sh, scripts/test.sh and scripts/gpu_check.sh.
+# BOOTSTRAP_DEPS_ONLY=1 installs the pinned requirements only (the slow part: torch and its
+# libraries) and leaves the venv unstamped: scripts/test.sh prepares the next legs' venvs that way
+# while a leg's tests run, and the editable installs, which write into the source tree that the
+# running tests build from, wait for the plain run before the leg.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/megatron_line.sh
@@ -49,15 +53,21 @@ for plugin in plugins/*/; do
 done
 # pip's build warnings would bury the job's own output: keep them in a log, show it on failure.
 log=$VENV/bootstrap.log
-echo "bootstrap: installing megatron-core $MEGATRON_CORE, the pinned toolchain and every distribution into $VENV ($log)" >&2
+if [ "${BOOTSTRAP_DEPS_ONLY:-0}" = 1 ]; then
+  echo "bootstrap: installing megatron-core $MEGATRON_CORE and the pinned toolchain into $VENV ($log)" >&2
+  editables=()
+else
+  echo "bootstrap: installing megatron-core $MEGATRON_CORE, the pinned toolchain and every distribution into $VENV ($log)" >&2
+fi
 if ! {
   "$VENV/bin/python" -m pip install -q --upgrade pip &&
     "$VENV/bin/python" -m pip install -q "${requirements[@]/#/-r}" &&
-    "$VENV/bin/python" -m pip install -q --no-deps "${editables[@]}"
+    { [ "${#editables[@]}" = 0 ] || "$VENV/bin/python" -m pip install -q --no-deps "${editables[@]}"; }
 } >"$log" 2>&1; then
   cat "$log" >&2
   echo "bootstrap: pip failed (full log: $log)" >&2
   exit 1
 fi
+[ "${BOOTSTRAP_DEPS_ONLY:-0}" = 1 ] && exit 0
 echo "$want" > "$stamp"
 compile_sources

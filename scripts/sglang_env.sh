@@ -6,7 +6,9 @@
 # installed with --no-deps: sglang's own metadata pulls a CUDA torch, torchvision, sgl-kernel and
 # flashinfer. The two imports with no CPU build are stubbed by
 # tests/sglang_env/titan_sglang_cpu_stubs.py, for this venv only. Then the core and weight_sync,
-# editable. Idempotent: a second run only re-checks.
+# editable. Idempotent: a second run only re-checks. SGLANG_DEPS_ONLY=1 installs torch and the
+# pinned packages only, unstamped (scripts/test.sh prepares the venv that way while earlier legs
+# run; the editable installs write into the source tree, so they wait for the plain run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/sglang_release.sh # SGLANG_RELEASE, SGLANG_VENV
@@ -35,12 +37,13 @@ echo "sglang_env: installing SGLang $RELEASE (CPU), the core and weight_sync int
 if ! {
   "$VENV/bin/python" -m pip install -q torch==2.13.0 &&
     "$VENV/bin/python" -m pip install -q --no-deps -r "$requirements" &&
-    "$VENV/bin/python" -m pip install -q --no-deps -e . -e plugins/weight_sync
+    { [ "${SGLANG_DEPS_ONLY:-0}" = 1 ] || "$VENV/bin/python" -m pip install -q --no-deps -e . -e plugins/weight_sync; }
 } >"$log" 2>&1; then
   cat "$log" >&2
   echo "sglang_env: pip failed (full log: $log)" >&2
   exit 1
 fi
+[ "${SGLANG_DEPS_ONLY:-0}" = 1 ] && exit 0
 stubs=$(pwd)/tests/sglang_env
 # transformers reads torchvision's version from its metadata: give the stub one
 mkdir -p "$stubs/dist"

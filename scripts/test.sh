@@ -27,11 +27,40 @@ if [ -n "${MEGATRON_CORE:-}" ]; then
 fi
 
 results=$(mktemp -d)
-trap 'rm -rf "$results"' EXIT
+prepare_pid=
+trap '[ -z "$prepare_pid" ] || kill "$prepare_pid" 2>/dev/null; rm -rf "$results"' EXIT
+# The later legs' venvs get their pinned packages (torch and its libraries: ~3 min a venv on 2
+# cores, ~15 min in all) at the lowest priority while the first leg's tests run; each leg waits
+# for its own venv's preparation, then bootstraps in the foreground (the editable installs, and
+# anything the preparation failed to do, with its error shown there).
+prepare_later_venvs() {
+  local line release
+  set -- $FULL_LINES $SOME_LINES
+  shift # the first leg's venv is bootstrapped before this starts
+  for line in "$@"; do
+    MEGATRON_CORE=$line BOOTSTRAP_DEPS_ONLY=1 nice -n 19 ./scripts/bootstrap.sh || true
+    touch "$results/prepared-$line"
+  done
+  if [ "${SGLANG_LEG:-1}" = 1 ]; then
+    for release in $SGLANG_RELEASES; do
+      SGLANG_VENV= SGLANG_RELEASE=$release SGLANG_DEPS_ONLY=1 nice -n 19 ./scripts/sglang_env.sh || true
+      touch "$results/prepared-sglang-$release"
+    done
+  fi
+}
+wait_prepared() { # NAME: until the background preparation has done that venv, or has ended
+  while [ ! -e "$results/prepared-$1" ] && kill -0 "$prepare_pid" 2>/dev/null; do sleep 2; done
+}
+SGLANG_RELEASES="0.5.23 0.5.15.post1" # 0.5.23 and slime's pin (weight_sync's engine side has a record for each)
 status=0
 first=1
 for line in $FULL_LINES $SOME_LINES; do
+  [ "$first" = 1 ] || wait_prepared "$line"
   MEGATRON_CORE=$line ./scripts/bootstrap.sh
+  if [ "$first" = 1 ]; then # after the first venv: it installs the system libraries they share
+    prepare_later_venvs >"$results/prepare.log" 2>&1 &
+    prepare_pid=$!
+  fi
   venv=$(MEGATRON_CORE=$line bash -c '. scripts/megatron_line.sh; echo "$VENV"')
   if [ "$first" = 1 ]; then # lint once: the same sources and the same pinned ruff on every line
     "$venv/bin/ruff" check .
@@ -45,8 +74,8 @@ for line in $FULL_LINES $SOME_LINES; do
 done
 if [ "${SGLANG_LEG:-1}" = 1 ]; then
   venv=$(bash -c '. scripts/megatron_line.sh; echo "$VENV"')
-  # 0.5.23 and slime's pin, 0.5.15.post1 (weight_sync's engine side has a record for each)
-  for release in 0.5.23 0.5.15.post1; do
+  for release in $SGLANG_RELEASES; do
+    wait_prepared "sglang-$release"
     # each release's own venv (a SGLANG_VENV from the caller would hold one release only)
     if ! SGLANG_VENV= SGLANG_RELEASE=$release ./scripts/sglang_env.sh; then
       status=1
