@@ -7,7 +7,8 @@
 # the pytest arguments given (e.g. MEGATRON_CORE=0.18.2 ./scripts/test.sh -q tests/test_demo.py).
 # The SGLang legs: the tests marked ``sglang`` (CPU SGLang engines started from the SGLang venv of
 # 0.5.23 and of 0.5.15.post1, scripts/sglang_env.sh; the trainer side in the default line's venv)
-# run once per release, after the lines.
+# run once per release, after the lines. While the first leg's tests run, the later legs' venvs
+# get their pinned packages in the background (prepare_later_venvs below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FULL_LINES=${FULL_LINES:-0.19.2 0.16.1}
