@@ -29,7 +29,8 @@ fi
 
 results=$(mktemp -d)
 prepare_pid=
-trap '[ -z "$prepare_pid" ] || kill "$prepare_pid" 2>/dev/null; rm -rf "$results"' EXIT
+# (the preparation has usually ended by then: a failing kill must not become the run's status)
+trap '[ -z "$prepare_pid" ] || kill "$prepare_pid" 2>/dev/null || true; rm -rf "$results"' EXIT
 # The later legs' venvs get their pinned packages (torch and its libraries: ~3 min a venv on 2
 # cores, ~15 min in all) at the lowest priority while the first leg's tests run; each leg waits
 # for its own venv's preparation, then bootstraps in the foreground (the editable installs, and
