@@ -46,28 +46,29 @@ if [ ! -x "$VENV/bin/python" ]; then
   PY=$(line_python) || exit 2
   "$PY" -m venv "$VENV"
 fi
-editables=(-e .)
-for plugin in plugins/*/; do
-  case "$plugin" in plugins/_*) continue ;; esac
-  [ -f "$plugin/setup.cfg" ] && editables+=(-e "$plugin")
-done
+deps_only=${BOOTSTRAP_DEPS_ONLY:-0}
+editables=()
+if [ "$deps_only" != 1 ]; then
+  editables=(-e .)
+  for plugin in plugins/*/; do
+    case "$plugin" in plugins/_*) continue ;; esac
+    [ -f "$plugin/setup.cfg" ] && editables+=(-e "$plugin")
+  done
+fi
 # pip's build warnings would bury the job's own output: keep them in a log, show it on failure.
 log=$VENV/bootstrap.log
-if [ "${BOOTSTRAP_DEPS_ONLY:-0}" = 1 ]; then
-  echo "bootstrap: installing megatron-core $MEGATRON_CORE and the pinned toolchain into $VENV ($log)" >&2
-  editables=()
-else
-  echo "bootstrap: installing megatron-core $MEGATRON_CORE, the pinned toolchain and every distribution into $VENV ($log)" >&2
-fi
+what="megatron-core $MEGATRON_CORE, the pinned toolchain"
+[ "$deps_only" = 1 ] || what="$what and every distribution"
+echo "bootstrap: installing $what into $VENV ($log)" >&2
 if ! {
   "$VENV/bin/python" -m pip install -q --upgrade pip &&
     "$VENV/bin/python" -m pip install -q "${requirements[@]/#/-r}" &&
-    { [ "${#editables[@]}" = 0 ] || "$VENV/bin/python" -m pip install -q --no-deps "${editables[@]}"; }
+    { [ "$deps_only" = 1 ] || "$VENV/bin/python" -m pip install -q --no-deps "${editables[@]}"; }
 } >"$log" 2>&1; then
   cat "$log" >&2
   echo "bootstrap: pip failed (full log: $log)" >&2
   exit 1
 fi
-[ "${BOOTSTRAP_DEPS_ONLY:-0}" = 1 ] && exit 0
+[ "$deps_only" = 1 ] && exit 0 # unstamped: the plain run installs the distributions
 echo "$want" > "$stamp"
 compile_sources

@@ -59,12 +59,12 @@ first=1
 for line in $FULL_LINES $SOME_LINES; do
   [ "$first" = 1 ] || wait_prepared "$line"
   MEGATRON_CORE=$line ./scripts/bootstrap.sh
-  if [ "$first" = 1 ]; then # after the first venv: it installs the system libraries they share
+  venv=$(MEGATRON_CORE=$line bash -c '. scripts/megatron_line.sh; echo "$VENV"')
+  if [ "$first" = 1 ]; then
+    # after the first venv's bootstrap, which installs the system libraries the venvs share
     prepare_later_venvs >"$results/prepare.log" 2>&1 &
     prepare_pid=$!
-  fi
-  venv=$(MEGATRON_CORE=$line bash -c '. scripts/megatron_line.sh; echo "$VENV"')
-  if [ "$first" = 1 ]; then # lint once: the same sources and the same pinned ruff on every line
+    # lint once: the same sources and the same pinned ruff on every line
     "$venv/bin/ruff" check .
     "$venv/bin/ruff" format --check .
     first=0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -119,11 +120,8 @@ def test_workers_are_set_up_for_megatron_tests(gloo_pool2):
 
 
 def gloo_io_threads() -> int:
-    return sum(
-        1
-        for tid in os.listdir("/proc/self/task")
-        if open(f"/proc/self/task/{tid}/comm").read().strip() == "gloo_tcp_loop"
-    )
+    comms = (Path(task, "comm").read_text().strip() for task in Path("/proc/self/task").iterdir())
+    return sum(comm == "gloo_tcp_loop" for comm in comms)
 
 
 def groups_at_once(count: int) -> dict:

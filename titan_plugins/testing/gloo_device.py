@@ -44,7 +44,6 @@ def share_one_device() -> None:
 
     base = c10d.ProcessGroupGloo
     device = base.create_default_device()
-    default_threads = base._Options()._threads
 
     class SharedDeviceProcessGroupGloo(base):  # type: ignore[misc, valid-type]
         """``ProcessGroupGloo`` on the process's one shared transport device."""
@@ -54,8 +53,7 @@ def share_one_device() -> None:
         ) -> None:
             options = base._Options()
             options._timeout = timeout
-            options._devices = [device]
-            options._threads = default_threads
+            options._devices = [device]  # the rest as torch sets it: _Options() has its defaults
             super().__init__(store, rank, size, options)
 
     c10d.ProcessGroupGloo = SharedDeviceProcessGroupGloo
