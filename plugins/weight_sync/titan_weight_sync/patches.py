@@ -14,13 +14,11 @@ from typing import Any
 from titan_plugins.hosts.megatron import SUPPORTED_MEGATRON
 from titan_plugins.hosts.sglang import sglang_releases
 from titan_plugins.patching import Patch, Signature
+from titan_weight_sync.load_format import LOAD_FORMAT
 
 UPDATER = "sglang.srt.managers.scheduler_components.weight_updater"
 SLIME_UPDATE = "slime.backends.megatron_utils.update_weight.update_weight_from_distributed"
 MILES_UPDATE = "miles.backends.megatron_utils.update_weight.update_weight_from_distributed.mixin"
-LOAD_FORMAT = "titan_weight_sync"
-"""The ``load_format`` of SGLang's ``update_weights_from_tensor`` requests that carry this
-plugin's messages (:mod:`titan_weight_sync.wire`)."""
 
 
 def _serving(serve_name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -22,7 +22,7 @@ from typing import Any
 
 from titan_plugins.transport import auth
 from titan_weight_sync.layout import DTYPES, Slot
-from titan_weight_sync.patches import LOAD_FORMAT
+from titan_weight_sync.load_format import LOAD_FORMAT
 
 __all__ = ["LOAD_FORMAT", "BadMessage"]
 MAGIC = b"titan_weight_sync/1\n"
