@@ -1,0 +1,141 @@
+"""The check behind the ``line_independent`` marker: such a test imports no megatron and starts
+no process that does, so ``scripts/test.sh`` runs it on one Megatron line only.
+
+A claim made by hand would rot: a test marked today may reach megatron after tomorrow's change,
+and then silently run on one line. So the claim is checked on every run of a marked test:
+
+- **In the test's own process**, megatron is hidden for the test: every ``megatron`` module, and
+  every module of this tree that holds megatron objects (``tiny_gpt``, a test file importing
+  megatron at its top), is taken out of ``sys.modules`` (collection or an earlier test may have
+  imported them) and a finder refuses to import megatron, so the test sees what it would see
+  alone. An attempt fails the test, even one the code caught. A marked test whose own module
+  holds megatron objects fails at once. Everything is put back after the test.
+- **In the processes it starts**, a ``sitecustomize`` on ``PYTHONPATH`` (``_line_probe/``, set for
+  the whole session) writes one record into a session folder when a process first imports
+  megatron; a record that appears while a marked test runs fails that test. It covers every
+  Python child that inherits the session's ``PYTHONPATH`` (a child given an environment built
+  from scratch is outside it); a marked test must not build such children.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from importlib.machinery import ModuleSpec
+from pathlib import Path
+from types import ModuleType
+
+MARKER = "line_independent"
+RECORD_DIR_VAR = "TITAN_TEST_LINE_PROBE_DIR"  # where children record their megatron imports
+PROBE_DIR = Path(__file__).resolve().parent / "_line_probe"  # holds the probe's sitecustomize
+
+
+class MegatronImportRefused(ImportError):
+    """A ``line_independent`` test tried to import megatron."""
+
+
+def _is_megatron(name: str) -> bool:
+    return name == "megatron" or name.startswith("megatron.")
+
+
+def holds_megatron(module: ModuleType) -> bool:
+    """Whether a module's globals hold a megatron module, class or function (a module-level
+    ``import megatron...`` or ``from megatron... import x``)."""
+    for value in list(vars(module).values()):
+        owner = (
+            value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", "")
+        )
+        if isinstance(owner, str) and _is_megatron(owner):
+            return True
+    return False
+
+
+def megatron_bound(root: Path) -> set[str]:
+    """The modules imported from files under ``root`` (this tree: the core, the plugins, the
+    test files) whose globals hold megatron objects."""
+    bound = set()
+    prefix = str(root) + os.sep
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None) or ""
+        # a venv inside the tree holds torch and the rest: installed code, not this tree's
+        ours = path.startswith(prefix) and f"{os.sep}site-packages{os.sep}" not in path
+        if ours and not _is_megatron(name) and holds_megatron(module):
+            bound.add(name)
+    return bound
+
+
+class MegatronGuard:
+    """A ``sys.meta_path`` finder, first on the path while a marked test runs, that refuses
+    megatron and remembers every attempt (code may catch the ImportError and go on)."""
+
+    def __init__(self, test: str) -> None:
+        self.test = test
+        self.attempts: list[str] = []
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        """Refuse ``megatron`` and its submodules; leave every other import to the next finder."""
+        if _is_megatron(name):
+            self.attempts.append(name)
+            raise MegatronImportRefused(
+                f"{self.test} is marked {MARKER} but imports {name}: a test that imports megatron "
+                f"runs on every Megatron line, so remove the {MARKER} marker"
+            )
+        return None
+
+
+@contextlib.contextmanager
+def megatron_hidden(test: str, root: Path) -> Iterator[MegatronGuard]:
+    """Inside the block megatron (and every module under ``root`` holding it) is not imported
+    and megatron cannot be; afterwards ``sys.modules`` holds the same modules as before, and
+    none of those the block imported. Yields the guard, whose ``attempts`` tell what was tried."""
+    names = {name for name in sys.modules if _is_megatron(name)} | megatron_bound(root)
+    hidden: dict[str, ModuleType] = {name: sys.modules.pop(name) for name in names}
+    # ``from package import module`` reads the package's attribute before sys.modules
+    detached = []
+    for name, module in hidden.items():
+        parent_name, _, child = name.rpartition(".")
+        parent = sys.modules.get(parent_name)
+        if parent is not None and getattr(parent, child, None) is module:
+            delattr(parent, child)
+            detached.append((parent, child, module))
+    guard = MegatronGuard(test)
+    sys.meta_path.insert(0, guard)
+    try:
+        yield guard
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(guard)
+        for name in [name for name in sys.modules if _is_megatron(name) or name in hidden]:
+            del sys.modules[name]  # what the block imported in their place: not ours to keep
+        sys.modules.update(hidden)
+        for parent, child, module in detached:
+            setattr(parent, child, module)
+
+
+def start_child_probe() -> Path:
+    """Arm the child-process probe for this session: a fresh record folder, named in the
+    environment, and the probe's folder first on ``PYTHONPATH``. Returns the folder."""
+    records = Path(tempfile.mkdtemp(prefix="titan-line-probe-"))
+    os.environ[RECORD_DIR_VAR] = str(records)
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(PROBE_DIR), *rest])
+    return records
+
+
+def child_records(records: Path) -> set[str]:
+    """The names of the records written so far (one per process that imported megatron)."""
+    with contextlib.suppress(FileNotFoundError):
+        return {path.name for path in records.iterdir()}
+    return set()
+
+
+def describe_records(records: Path, names: set[str]) -> str:
+    """One line per record: the process and the command that imported megatron."""
+    lines = []
+    for name in sorted(names):
+        with contextlib.suppress(OSError):
+            lines.append(f"  pid {name}: {(records / name).read_text().strip()[:300]}")
+    return "\n".join(lines)
