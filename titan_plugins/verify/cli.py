@@ -9,13 +9,16 @@ checkout's megatron (or the installed one). It prints, per plugin: the upstream 
 run and passed in each mode, the regressions and what was not judged; each layout's largest loss
 and grad-norm gap from the run with every plugin off and the work it counted; and a verdict.
 The exit status is 0 when every plugin passed, 1 when one failed, 2 for bad arguments, 3 when
-``--budget-min`` left runs out (INCOMPLETE).
+``--budget-min`` left runs out (INCOMPLETE), 4 when the verdict printed could not be written to
+``--json FILE`` (checked writable before any run; it went away during the run).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 import time
 from collections import Counter
@@ -23,7 +26,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 EXIT = {"PASS": 0, "FAIL": 1, "INCOMPLETE": 3}
-"""Exit status per verdict (2: bad arguments)."""
+"""Exit status per verdict (2: bad arguments, :data:`NOT_WRITTEN`)."""
+BAD_ARGUMENTS = 2
+NOT_WRITTEN = 4
+"""The verdict was printed but ``--json FILE`` could not be written: never 1, no plugin failed."""
 UPSTREAM_NOT_RUN = (
     "Megatron-LM's own unit tests were not run: they need a Megatron-LM checkout (the wheel "
     "ships none); pass --megatron-lm DIR"
@@ -89,6 +95,46 @@ def world_sizes(text: str) -> list[int] | None:
     return sizes or None
 
 
+def minutes(flag: str, value: float | None) -> None:
+    """``--budget-min`` / ``--timeout-min``: None (not given) or a number of minutes above 0.
+
+    :raises ValueError: zero, negative, ``nan`` or ``inf``.
+    """
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{flag}: {value:g} is not a number of minutes above 0 (e.g. {flag} 20)")
+
+
+def writable(path: str) -> None:
+    """``--json FILE``: a file that can be written (its folder exists, it is no folder).
+
+    :raises ValueError: a missing folder, a folder, or a path this process cannot write.
+    """
+    target = Path(path)
+    folder = target.parent
+    if target.is_dir():
+        raise ValueError(f"--json {path}: is a folder; name a file in it, e.g. {target / 'v.json'}")
+    if not folder.is_dir():
+        raise ValueError(f"--json {path}: no folder {folder}; create it first or name another")
+    if not os.access(target if target.exists() else folder, os.W_OK):
+        raise ValueError(f"--json {path}: not writable by this user; name a file you can write")
+
+
+def checked(args: argparse.Namespace) -> None:
+    """Every argument that can be judged before any run.
+
+    :raises ValueError: the first bad one (one line, naming the fix).
+    """
+    minutes("--budget-min", args.budget_min)
+    minutes("--timeout-min", args.timeout_min)
+    if args.world_sizes and not args.megatron_lm:
+        raise ValueError(
+            "--world-sizes chooses the ranks of Megatron-LM's unit tests, which run only with a "
+            "checkout: add --megatron-lm DIR, or leave --world-sizes out"
+        )
+    if args.json:
+        writable(args.json)
+
+
 def main(argv: list[str]) -> int:
     """Run the checks; print the table; 0 when every plugin passed."""
     from titan_plugins.verify import differential, upstream
@@ -100,6 +146,7 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     tests = None
     try:
+        checked(args)
         sizes = world_sizes(args.world_sizes)
         if args.megatron_lm:
             checkout = Path(differential.checkout(args.megatron_lm))
@@ -111,11 +158,19 @@ def main(argv: list[str]) -> int:
         )
     except ValueError as err:
         print(f"titan-plugins verify: {err}", file=sys.stderr)
-        return 2
+        return BAD_ARGUMENTS
     print_table(result, sys.stdout, tests)
     if args.json:
         document = as_json(result, tests)
-        Path(args.json).write_text(json.dumps(document, indent=2, default=str) + "\n")
+        try:
+            Path(args.json).write_text(json.dumps(document, indent=2, default=str) + "\n")
+        except OSError as err:  # writable before the run; e.g. its folder went away since
+            print(
+                f"titan-plugins verify: the verdict above was not written to --json {args.json}: "
+                f"{err.strerror or err}; run again with a file you can write",
+                file=sys.stderr,
+            )
+            return NOT_WRITTEN
     return EXIT[verdict(result, tests)]
 
 
