@@ -26,6 +26,9 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
+from titan_plugins.transport.addresses import local_address
+from titan_plugins.values import shown_value
+
 _AF_INET, _AF_INET6 = socket.AF_INET, socket.AF_INET6
 _RELOCS = {62: (6, 7), 183: (1025, 1026)}  # e_machine: (GLOB_DAT, JUMP_SLOT), x86-64 / aarch64
 _RTLD_DI_LINKMAP = 2
@@ -140,8 +143,16 @@ def mooncake_libraries() -> list[str]:
 
 
 def _address_bytes(host: str) -> tuple[bytes | None, bytes]:
-    """(IPv4 bytes or None, IPv6 bytes: the address itself, or IPv4-mapped) of ``host``."""
-    ip = ipaddress.ip_address(socket.getaddrinfo(host, None)[0][4][0])
+    """(IPv4 bytes or None, IPv6 bytes: the address itself, or IPv4-mapped) of ``host``, the
+    first of its addresses that is this host's.
+
+    :raises BindGuardError: ``host`` does not resolve, or is not an address of this host.
+    """
+    try:
+        found = local_address(host)
+    except ValueError as err:  # a raw socket.gaierror named neither the host nor the fix
+        raise BindGuardError(f"the job's address {shown_value(host)} {err}") from None
+    ip = ipaddress.ip_address(found.split("%", 1)[0])  # an IPv6 scope (fe80::1%eth0) aside
     if ip.version == 4:
         return ip.packed, ipaddress.IPv6Address(f"::ffff:{ip}").packed
     return None, ip.packed

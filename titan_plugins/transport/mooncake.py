@@ -16,7 +16,13 @@ from typing import Any, Protocol
 
 import torch
 
-from titan_plugins.transport.bind_guard import confined_binds, is_wildcard, listening_sockets
+from titan_plugins.transport.addresses import rdma_nics as rdma_nics  # re-exported: callers
+from titan_plugins.transport.bind_guard import (
+    BindGuardError,
+    confined_binds,
+    is_wildcard,
+    listening_sockets,
+)
 
 P2PHANDSHAKE = "P2PHANDSHAKE"
 TCP_CHUNK_BYTES = 64 << 10
@@ -29,14 +35,6 @@ MAX_SLICES = 4
 # the bytes land; on the 2-core test VM that core is one the TCP transport needed: 1 GiB into
 # another process took 0.43-0.53 s that way and 0.28-0.33 s submitted and checked every 0.5 ms.
 WRITE_POLL_S = 0.0005
-
-
-def rdma_nics() -> list[str]:
-    """RDMA devices visible to this host (``/sys/class/infiniband``), empty when none."""
-    try:
-        return sorted(os.listdir("/sys/class/infiniband"))
-    except OSError:
-        return []
 
 
 def resolve_protocol(requested: str) -> str:
@@ -131,8 +129,11 @@ class MooncakeEngine:
             local_name = f"{self.host}:{free_port(self.host)}"
         self._te: Any = TransferEngine()
         before = set(listening_sockets())
-        with confined_binds(self.host):
-            rc = self._te.initialize(local_name, self.metadata, self.protocol, settings.device)
+        try:
+            with confined_binds(self.host):
+                rc = self._te.initialize(local_name, self.metadata, self.protocol, settings.device)
+        except BindGuardError as err:  # the caller's one error type, with its way out
+            raise error(f"{who}: {err}{hint}") from None
         if rc != 0:
             raise error(
                 f"{who}: Mooncake initialize({local_name!r}, {self.metadata!r}, "
