@@ -8,12 +8,12 @@ only when a ``deep_ep`` is installed (then its API must be checked).
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from titan_moe_ep_overlap import bindings
+from titan_moe_ep_overlap.deep_ep_lookup import deep_ep_installed
 from titan_plugins.hosts.megatron import SUPPORTED_MEGATRON, megatron_lines
 from titan_plugins.patching import MISSING, MODULE, Patch, Signature
 
@@ -95,26 +95,6 @@ def _deep_ep_chosen(original: Any) -> bool:
         return False
     ours = (*bindings.ENTRY_POINTS.values(), *bindings.STAND_INS.values())
     return original is not MISSING and original is not None and all(original is not o for o in ours)
-
-
-def deep_ep_installed() -> bool:
-    """Whether a ``deep_ep`` package is importable (found, not imported)."""
-    if "deep_ep" in sys.modules:
-        return True
-    # Asked once per fused_a2a name while megatron imports (a search of sys.path each, ~0.3
-    # ms): the answer is kept for the same sys.path.
-    key = tuple(sys.path)
-    found = _FOUND_ON_PATH.get(key)
-    if found is None:
-        try:
-            found = importlib.util.find_spec("deep_ep") is not None
-        except (ValueError, ImportError):
-            found = False
-        _FOUND_ON_PATH[key] = found
-    return found
-
-
-_FOUND_ON_PATH: dict[tuple[str, ...], bool] = {}
 
 
 def _ours(name: str) -> Any:

@@ -51,7 +51,7 @@ def torch_backend_api() -> SimpleNamespace:
 
 def installed() -> bool:
     """Whether a ``deep_ep`` package is importable (found, not imported)."""
-    from titan_moe_ep_overlap.patches import deep_ep_installed
+    from titan_moe_ep_overlap.deep_ep_lookup import deep_ep_installed
 
     return deep_ep_installed()
 
