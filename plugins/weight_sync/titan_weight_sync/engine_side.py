@@ -28,7 +28,7 @@ from titan_plugins.transport.mooncake import MooncakeEngine
 from titan_weight_sync import layout, stats, wire
 from titan_weight_sync.digests import ALGORITHM, digest_all, require
 from titan_weight_sync.errors import WeightSyncError
-from titan_weight_sync.settings import SECRET_FILE, WeightSyncSettings
+from titan_weight_sync.settings import WeightSyncSettings, job_secret
 
 logger = logging.getLogger("titan_plugins.weight_sync")
 OWNER = "weight_sync.landing"
@@ -104,7 +104,7 @@ class EngineEndpoint:
 
     def _secret(self, op: str) -> bytes:
         try:
-            return auth.read_secret(self.settings.secret_file, SECRET_FILE.name)
+            return job_secret(self.settings.secret_file)
         except auth.SecretError as err:
             raise Refused(f"this engine accepts no trainer: {err}", op) from None
 

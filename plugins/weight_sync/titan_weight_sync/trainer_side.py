@@ -43,7 +43,12 @@ from titan_weight_sync import layout, stats, wire
 from titan_weight_sync.digests import ALGORITHM as DIGEST
 from titan_weight_sync.engine_api import EngineAPI
 from titan_weight_sync.errors import WeightSyncError
-from titan_weight_sync.settings import SECRET_FILE, STAGING_BYTES, WeightSyncSettings
+from titan_weight_sync.settings import (
+    STAGING_BYTES,
+    WeightSyncSettings,
+    job_secret,
+    sync_refusal,
+)
 from titan_weight_sync.streaming import StreamingWriter
 
 logger = logging.getLogger("titan_plugins.weight_sync")
@@ -257,6 +262,9 @@ class WeightSync:
 
         :raises WeightSyncError: the cause (every engine opened so far is aborted first).
         """
+        refusal = sync_refusal()  # also where no activation read the switch (no megatron)
+        if refusal:
+            raise WeightSyncError(f"weight_sync: {refusal}")
         secret = self._secret()
         targets = [_Target(api) for api in self.apis]
         self._open = targets
@@ -319,7 +327,7 @@ class WeightSync:
 
     def _secret(self) -> bytes:
         try:
-            return auth.read_secret(self.settings.secret_file, SECRET_FILE.name)
+            return job_secret(self.settings.secret_file)
         except auth.SecretError as err:
             raise WeightSyncError(f"weight_sync: {err}") from None
 
