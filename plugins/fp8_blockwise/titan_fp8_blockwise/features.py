@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from titan_fp8_blockwise import registered
 from titan_plugins.patching import APPLIED, PENDING
 
 P = "fp8_blockwise."
@@ -52,9 +53,7 @@ NEEDED_BY |= {RECOMPUTE: "recomputation in FP8", MOE_CONFIG: "MoE + FP8 configs 
 
 def track(records: list[Any]) -> None:
     """Remember the records the plugin registered (the engine updates their status in place)."""
-    from titan_fp8_blockwise import patches
-
-    patches.track(records)
+    registered.track(records)
 
 
 def _core_step_records() -> list[Any]:
@@ -88,8 +87,7 @@ def missing(feature: str) -> list[tuple[str, str]]:
     the layers themselves). The SwiGLU store and recomputation in FP8 also need the FP8 linear
     layers: they only run inside the FP8 regions those open.
     """
-    from titan_fp8_blockwise.patches import REGISTERED as _records
-
+    _records = registered.REGISTERED
     if not _records:
         return []
     problems = [p for slot in FEATURES[feature] if (p := _slot_problem(slot, _records))]

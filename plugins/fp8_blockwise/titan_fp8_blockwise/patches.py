@@ -131,17 +131,6 @@ def _wrap_config_post_init(original: Callable[..., Any]) -> Callable[..., Any]:
     return __post_init__
 
 
-REGISTERED: dict[str, Patch] = {}
-"""id -> the records of the current activation; the engine updates their status in place and
-``features`` judges each feature from them (kept here: features.py loads only when asked)."""
-
-
-def track(records: list[Patch]) -> None:
-    """Remember the records the plugin registered in this activation."""
-    REGISTERED.clear()
-    REGISTERED.update({record.id: record for record in records})
-
-
 def patches() -> list[Patch]:
     """Every patch record of the plugin."""
     records = [
