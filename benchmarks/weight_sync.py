@@ -42,9 +42,9 @@ from typing import Any
 
 import loadguard
 import torch
-from titan_weight_sync.cpu_engine import CPUEngine, sglang_python
+from titan_weight_sync.cpu_engine import CPUEngine, prepare_sglang_python, sglang_python
 from titan_weight_sync.hf_checkpoint import save_checkpoint
-from titan_weight_sync.settings import SGLANG_PYTHON, WeightSyncSettings
+from titan_weight_sync.settings import WeightSyncSettings
 from titan_weight_sync.trainer_side import WeightSync
 
 from titan_plugins.transport import auth
@@ -317,10 +317,8 @@ def main() -> int:
     parser.add_argument("--json", default=None, help="write the results here")
     loadguard.add_arguments(parser)
     args = parser.parse_args()
-    if sglang_python() is None:
-        named = os.environ.get(SGLANG_PYTHON.name, "")
-        where = f" ({SGLANG_PYTHON.name}={named} is not an interpreter here)" if named else ""
-        print(f"needs the SGLang venv: ./scripts/sglang_env.sh{where}", file=sys.stderr)
+    # the engines run in the SGLang venv: made here when the checkout has none yet
+    if prepare_sglang_python(say=lambda line: print(line, file=sys.stderr, flush=True)) is None:
         return 2
     print(f"weight_sync benchmark  {loadguard.describe(args)}")
     results = []

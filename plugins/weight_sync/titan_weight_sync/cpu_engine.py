@@ -11,15 +11,18 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from titan_plugins.transport.mooncake import free_port
+from titan_plugins.values import shown_value
 from titan_weight_sync.engine_api import EngineAPI
 from titan_weight_sync.errors import WeightSyncError
 from titan_weight_sync.settings import SGLANG_PYTHON
 
 REPO = Path(__file__).resolve().parents[3]
+_SGLANG_ENV_CHOICES = ("SGLANG_RELEASE", "SGLANG_VENV", "SGLANG_DEPS_ONLY")
 CPU_ARGS = (
     "--device", "cpu", "--dtype", "bfloat16", "--attention-backend", "torch_native",
     "--sampling-backend", "pytorch", "--disable-cuda-graph", "--max-total-tokens", "2048",
@@ -46,6 +49,44 @@ def sglang_python() -> str | None:
         if os.access(candidate, os.X_OK):
             return str(candidate.absolute())
     return None
+
+
+def prepare_sglang_python(
+    run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+    say: Callable[[str], None] = print,
+) -> str | None:
+    """The SGLang venv's interpreter; where the checkout's default venv is missing, made first
+    with ``./scripts/sglang_env.sh`` (saying so: it takes minutes, once). None after saying in
+    one line what to do: ``TITAN_SGLANG_PYTHON`` names no interpreter (the user's choice is not
+    overridden), there is no checkout to make one in, or the script failed.
+
+    :param run: runs the script (``subprocess.run``'s signature; tests pass a fake).
+    :param say: prints a line for the user.
+    """
+    python = sglang_python()
+    if python is not None:
+        return python
+    script = REPO / "scripts" / "sglang_env.sh"
+    command = f"cd {REPO} && ./scripts/sglang_env.sh"
+    named = SGLANG_PYTHON.read()
+    if named:
+        say(
+            f"{SGLANG_PYTHON.name}={shown_value(named)} is not an interpreter here: fix it, or "
+            f"unset it and run {command}"
+        )
+        return None
+    if not script.is_file():  # an installed plugin, outside the checkout
+        say(f"no SGLang venv: set {SGLANG_PYTHON.name} to the python of an SGLang venv")
+        return None
+    say(f"no SGLang venv yet: preparing {REPO / '.venv-sglang'} with {command} (minutes, once)")
+    # the default release's venv, the one sglang_python() looks for (a shell's SGLANG_RELEASE
+    # or SGLANG_VENV would make another)
+    env = {k: v for k, v in os.environ.items() if k not in _SGLANG_ENV_CHOICES}
+    done = run([str(script)], cwd=str(REPO), env=env, check=False)
+    python = sglang_python() if done.returncode == 0 else None
+    if python is None:
+        say(f"preparing the SGLang venv failed (exit {done.returncode}); run {command}")
+    return python
 
 
 def sglang_release(python: str) -> str | None:
