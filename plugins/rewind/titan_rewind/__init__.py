@@ -15,14 +15,11 @@ from titan_rewind.version import __version__
 __all__ = ["RewindError", "__version__", "effect"]
 
 
-def effect() -> dict[str, Any]:
-    """This rank's rewind numbers for an after-training table: ``active``, ``steps_checked``,
-    ``rewinds`` and ``events`` (step, trigger, value, threshold, snapshot_step, steps_skipped,
-    microbatches_skipped, level, seconds), ``snapshots`` held (step, stable, age),
-    ``snapshots_taken``, ``host_bytes``, ``bytes_per_snapshot``, ``host_budget``."""
-    from titan_rewind import runtime
+def __getattr__(name: str) -> Any:
+    # ``effect`` is looked up on first use (PEP 562): the package imports nothing of the state
+    # machine, whose modules import the package back (``from titan_rewind import settings``).
+    if name == "effect":
+        from titan_rewind.runtime import effect
 
-    rewinder = runtime.current()
-    if rewinder is None:
-        return {"active": False}
-    return {"active": True, **rewinder.effect()}
+        return effect
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

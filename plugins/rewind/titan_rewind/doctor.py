@@ -7,20 +7,12 @@ from typing import Any
 
 from titan_plugins.settings import describe_bytes, format_bytes
 from titan_rewind import settings as s
+from titan_rewind.budget import default_budget, physical_memory
 
 # Host bytes one snapshot keeps per parameter held by this rank: the model copy (2 in bf16,
 # 4 in fp32) plus, per parameter of the optimizer's shard, the fp32 master (4, unless the model
 # is fp32 already) and Adam's two fp32 moments (8). Two snapshots are held.
 BYTES_PER_PARAM_BF16_ADAM = 2 + 4 + 8
-HOST_FRACTION = 0.25  # default budget: this share of physical RAM, split over local ranks
-
-
-def physical_memory() -> int | None:
-    """Bytes of RAM, or None where unknown."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def estimate_bytes(params_on_rank: int, dp_shards: int = 1) -> int:
@@ -28,13 +20,6 @@ def estimate_bytes(params_on_rank: int, dp_shards: int = 1) -> int:
     parameters whose optimizer state is sharded over ``dp_shards`` ranks."""
     per_snapshot = 2 * params_on_rank + (4 + 8) * params_on_rank // max(dp_shards, 1)
     return 2 * per_snapshot
-
-
-def default_budget() -> int:
-    """25% of physical memory divided by the local world size (``LOCAL_WORLD_SIZE``)."""
-    total = physical_memory() or 64 << 30
-    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    return int(total * HOST_FRACTION) // local
 
 
 def checks() -> list[Any]:

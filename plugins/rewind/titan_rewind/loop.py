@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 def no_store(config: RewindConfig) -> dict[str, Any]:
     """What ``SnapshotStore.describe`` says before the first step (without importing torch)."""
-    from titan_rewind.doctor import default_budget
+    from titan_rewind.budget import default_budget
 
     return {
         "snapshots": [],

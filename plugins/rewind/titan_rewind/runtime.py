@@ -325,3 +325,14 @@ def current() -> Rewinder | None:
         _STARTED_FOR[0] = generation.current()
         start(RewindConfig.from_env())
     return _CURRENT[0] if _CURRENT else None
+
+
+def effect() -> dict[str, Any]:
+    """This rank's rewind numbers for an after-training table: ``active``, ``steps_checked``,
+    ``rewinds`` and ``events`` (step, trigger, value, threshold, snapshot_step, steps_skipped,
+    microbatches_skipped, level, seconds), ``snapshots`` held (step, stable, age),
+    ``snapshots_taken``, ``host_bytes``, ``bytes_per_snapshot``, ``host_budget``."""
+    rewinder = current()
+    if rewinder is None:
+        return {"active": False}
+    return {"active": True, **rewinder.effect()}

@@ -22,7 +22,7 @@ from collections import deque
 from typing import Any
 
 from titan_plugins.settings import describe_bytes, format_bytes
-from titan_rewind.doctor import default_budget
+from titan_rewind.budget import default_budget
 from titan_rewind.snapshot import START, Early, Slot, Snapshotter, plan  # imports torch
 
 
