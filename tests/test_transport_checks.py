@@ -5,6 +5,7 @@ not a regular owner-only file (a FIFO included), a long path shortened in every 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -126,3 +127,30 @@ def test_a_long_secret_path_is_shortened_in_the_message(tmp_path: Path) -> None:
     assert path not in message and f"({len(path)} characters)" in message
     assert message.endswith("cannot read it (No such file or directory); " + auth._HOW_TO_WRITE)
     assert len(message) < 250
+
+
+def test_an_engine_on_an_address_that_is_not_this_hosts_raises_the_callers_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import types
+
+    from titan_plugins.transport import mooncake
+
+    class Refused(RuntimeError):
+        pass
+
+    class Config:
+        protocol, metadata, device, timeout_s = "tcp", mooncake.P2PHANDSHAKE, "", 5.0
+        host = "no-such-host.invalid"
+
+    fake = types.ModuleType("mooncake.engine")
+    fake.TransferEngine = lambda: None  # type: ignore[attr-defined]  # refused before any use
+    monkeypatch.setitem(sys.modules, "mooncake", types.ModuleType("mooncake"))  # none needed
+    monkeypatch.setitem(sys.modules, "mooncake.engine", fake)
+    for var in ("MC_TRANSFER_TIMEOUT", "MC_TCP_SLICE_SIZE", "MC_TCP_BIND_ADDRESS"):
+        monkeypatch.delenv(var, raising=False)  # the engine sets them for Mooncake
+    with pytest.raises(Refused) as caught:
+        mooncake.MooncakeEngine(Config(), who="plugin_x", error=Refused, hint="; check _HOST")
+    message = str(caught.value)
+    assert message.startswith("plugin_x: the job's address 'no-such-host.invalid' does not ")
+    assert message.endswith("give this host's IP address on the job's network; check _HOST")
