@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from titan_entrypoints import demo_output
+from titan_entrypoints.demo_args import DemoArgsError, check
 from titan_entrypoints.demo_layout import Layout, LayoutError, resolve
 
 DEFAULT_OUT = "demo_out"
@@ -59,7 +60,7 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
         help="expert-parallel size (default: 2 with 4 processes, else 1 when PP=2 fits)",
     )  # fmt: skip
     parser.add_argument("--vpp", type=int, default=None, help="virtual pipeline stages per rank")
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=30, help="training steps (1 or more)")
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument(
         "--hidden", type=int, default=128, help="hidden size (FP8 tiles are 128 wide)"
@@ -67,9 +68,9 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
     parser.add_argument("--out", default=DEFAULT_OUT, help="folder for traces and the report")
     parser.add_argument(
         "--trace-steps",
-        default="2-3",
-        help="training steps the trace_analysis plugin captures (TITAN_TRACE_STEPS), "
-        "'none' to capture nothing",
+        default=None,
+        help="training steps the trace_analysis plugin captures (TITAN_TRACE_STEPS; default "
+        "2-3, or the last two steps of a shorter run), 'none' to capture nothing",
     )
     parser.add_argument(
         "--report", default=None, metavar="PATH", help="write every rank's effects as JSON"
@@ -80,7 +81,7 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
         default=None,
         metavar="STEP",
         help="make step STEP's loss NaN on every rank (test-only knob of the rewind plugin), "
-        "to watch rewind roll back and go on",
+        "to watch rewind roll back and go on; steps count from 0, as printed",
     )
     return parser.parse_args(argv)
 
@@ -100,6 +101,12 @@ def _demo_environment(args: argparse.Namespace) -> None:
 def main() -> None:
     """One demo worker (torchrun starts one per process): train, then report what each plugin did."""
     args = parse_args()
+    try:  # scripts/demo.sh checked them already; a direct torchrun run is checked here
+        check(args)
+    except DemoArgsError as err:
+        if os.environ.get("RANK", "0") == "0":
+            print(err, file=sys.stderr, flush=True)
+        sys.exit(2)
     _demo_environment(args)
     os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
     import torch

@@ -1,8 +1,9 @@
 """The CPU demo's parallel layout: which PP x EP (x VPP) fits the number of processes.
 
 ``scripts/demo.sh`` runs :func:`preflight` once, before torchrun starts any worker, so a layout
-that cannot run is refused in one line (not one traceback per rank from inside Megatron), and a
-layout the user left open is chosen to fit ``NPROC``. The workers receive the resolved flags.
+that cannot run, or an argument ``demo_args.check`` refuses, is refused in one line (not one
+traceback per rank from inside Megatron), and a layout the user left open is chosen to fit
+``NPROC``. The workers receive the resolved flags.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ def preflight(argv: list[str]) -> int:
     """``demo_layout.py NPROC ARGS...``: print the demo's arguments with the layout resolved
     (shell-quoted, one line) and return 0, or print one line naming the fix and return 2."""
     from titan_entrypoints.cpu_demo import EXPERTS, parse_args
+    from titan_entrypoints.demo_args import DemoArgsError, check
 
     if not argv or not argv[0].isdigit():
         print("demo: NPROC must be a positive integer", file=sys.stderr)
@@ -97,8 +99,9 @@ def preflight(argv: list[str]) -> int:
     nproc = int(argv[0])
     args = parse_args(argv[1:], prog="scripts/demo.sh")  # argparse: one-line error, exit 2
     try:
+        check(args)  # steps, fault and trace steps, the report's path
         layout = resolve(nproc, args.pp, args.ep, args.vpp, EXPERTS)
-    except LayoutError as err:
+    except (DemoArgsError, LayoutError) as err:
         print(err, file=sys.stderr)
         return 2
     rest = _without_layout_flags(argv[1:])

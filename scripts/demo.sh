@@ -5,9 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/megatron_line.sh # MEGATRON_CORE picks the Megatron line (and its venv)
 nproc=${NPROC:-4}
-# The layout is resolved once, before anything is installed or any worker starts: a layout that
-# cannot run on NPROC processes is refused in one line (not one Megatron traceback per rank), and
-# --pp / --ep left out are chosen to fit NPROC. demo_layout.py needs only the standard library.
+# The layout and arguments are checked once, before anything is installed or any worker starts:
+# a layout that cannot run on NPROC processes, or a bad argument (demo_args.py), is refused in one
+# line (not one Megatron traceback per rank, or a whole run first), and --pp / --ep left out are
+# chosen to fit NPROC. demo_layout.py and demo_args.py need only the standard library.
 for arg in "$@"; do
   case "$arg" in -h | --help) help=1 ;; esac
 done
@@ -15,6 +16,9 @@ if [ -z "${help:-}" ]; then
   PY=$(line_python) || exit 2
   resolved=$("$PY" entrypoints/demo_layout.py "$nproc" "$@") || exit 2
   eval "set -- $resolved"
+  # MASTER_PORT when set (refused in one line if something listens there), else a free port,
+  # so two demos at once do not both take one fixed port.
+  port=$("$PY" entrypoints/demo_args.py master-port) || exit 2
 fi
 ./scripts/bootstrap.sh
 if [ -n "${help:-}" ]; then exec "$VENV/bin/python" entrypoints/cpu_demo.py --help; fi
@@ -28,7 +32,7 @@ export MC_LOG_LEVEL=${MC_LOG_LEVEL:-ERROR}
 status_dir=$(mktemp -d)
 trap 'rm -rf "$status_dir"' EXIT
 TITAN_DEMO_STATUS="$status_dir/exit" "$VENV/bin/torchrun" --nproc-per-node "$nproc" \
-  --master-port "${MASTER_PORT:-29641}" entrypoints/cpu_demo.py "$@"
+  --master-port "$port" entrypoints/cpu_demo.py "$@"
 code=0
 for file in "$status_dir"/exit.*; do
   [ -e "$file" ] && code=$(cat "$file")
