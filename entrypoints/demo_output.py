@@ -87,6 +87,8 @@ def trace_summary(trace_dir: str) -> str:
         os.path.dirname(sys.executable), "titan-trace"
     )
     out_dir = os.path.join(os.path.dirname(os.path.abspath(trace_dir)), "trace_report")
+    html = os.path.join(out_dir, "report.html")
+    before = _stamp(html)
     try:
         done = subprocess.run(
             [command, "analyze", trace_dir, "--out", out_dir],
@@ -97,10 +99,23 @@ def trace_summary(trace_dir: str) -> str:
     except (OSError, subprocess.SubprocessError) as err:
         return f"trace analysis unavailable ({type(err).__name__}: {err})"
     text = (done.stdout + done.stderr).rstrip()
-    html = os.path.join(out_dir, "report.html")
-    if os.path.exists(html):
+    # Named only when this analysis wrote it (a partial one, exit 3, writes it too): an older
+    # run's report may lie there. The file's stamp is compared rather than the file deleted
+    # first (the folder may be the user's, next to their own TITAN_TRACE_DIR) or its mtime
+    # compared with a clock (coarse timestamps, a shared file system's clock).
+    after = _stamp(html)
+    if after is not None and after != before:
         text += f"\nHTML report: {html}"
     return "\ntrace analysis of the captured steps (titan-trace analyze):\n" + text
+
+
+def _stamp(path: str) -> tuple[int, int, int] | None:
+    """What changes when a file is written anew (inode, size, mtime in ns); None if absent."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def print_report(data: dict) -> None:

@@ -1,6 +1,6 @@
 """The CPU demo's arguments, port and output, judged without training: bad values are refused in
 one line with exit 2 before any worker starts (``scripts/demo.sh`` stops in its preflight, before
-bootstrap and torchrun).
+bootstrap and torchrun), and only this run's trace report is named.
 """
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ import argparse
 import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from titan_entrypoints import demo_args
+from titan_entrypoints import demo_args, demo_output
 from titan_entrypoints.cpu_demo import parse_args
 from titan_entrypoints.demo_args import DemoArgsError
 
@@ -196,3 +197,48 @@ def test_a_free_master_port_that_the_user_set_is_kept() -> None:
         sock.bind(("", 0))
         port = sock.getsockname()[1]
     assert demo_args.master_port({"MASTER_PORT": str(port)}) == port
+
+
+# ------------------------------------------------------------------------------ trace report
+
+
+def _fake_titan_trace(bin_dir: Path, body: str) -> None:
+    bin_dir.mkdir()
+    script = bin_dir / "titan-trace"
+    script.write_text(f"#!{sys.executable}\nimport os, sys\nout = sys.argv[4]\n{body}\n")
+    script.chmod(0o755)
+
+
+def test_a_failed_analysis_does_not_name_an_older_runs_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old = tmp_path / "trace_report" / "report.html"
+    old.parent.mkdir()
+    old.write_text("an older run's report")
+    _fake_titan_trace(
+        tmp_path / "bin", "print('titan-trace: DIR traces does not exist', file=sys.stderr)\n"
+        "sys.exit(2)"
+    )  # fmt: skip
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    text = demo_output.trace_summary(str(tmp_path / "traces"))
+    assert text.splitlines() == [
+        "",
+        "trace analysis of the captured steps (titan-trace analyze):",
+        "titan-trace: DIR traces does not exist",
+    ]
+
+
+def test_the_report_this_analysis_wrote_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old = tmp_path / "trace_report" / "report.html"
+    old.parent.mkdir()
+    old.write_text("an older run's report")
+    _fake_titan_trace(
+        tmp_path / "bin",
+        "open(os.path.join(out, 'report.html'), 'w').write('this run, a longer report')\n"
+        "print('4 ranks analysed')",
+    )
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    text = demo_output.trace_summary(str(tmp_path / "traces"))
+    assert text.splitlines()[-2:] == ["4 ranks analysed", f"HTML report: {old}"]
