@@ -108,3 +108,17 @@ def test_a_verdict_that_cannot_be_written_after_a_pass_is_not_a_failed_plugin(
         f"titan-plugins verify: the verdict above was not written to --json {folder / 'v.json'}: "
         "No such file or directory; run again with a file you can write\n"
     )
+
+
+def test_a_checkout_of_a_line_the_plugins_do_not_serve_is_refused_in_one_line(
+    tmp_path, no_run, capsys
+) -> None:
+    core = tmp_path / "megatron" / "core"
+    core.mkdir(parents=True)
+    (core / "package_info.py").write_text('MAJOR = 0\nMINOR = 99\nPATCH = 0\nPRE_RELEASE = ""\n')
+    assert cli.main(["--megatron-lm", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"titan-plugins verify: {tmp_path}: megatron-core 0.99.0 is outside the lines the "
+        "plugins serve (0.16, 0.17, 0.18, 0.19); check out one of them, e.g. core_v0.19.0\n"
+    )
+    assert no_run == []

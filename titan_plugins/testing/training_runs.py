@@ -30,6 +30,34 @@ VPP_CONFIG: dict[str, Any] = {"batch_p2p_comm": False}
 judges plugins, not that upstream bug."""
 SCRATCH = "{scratch}"
 """In a plugin's ``env`` values: replaced by a fresh folder per run (e.g. a trace folder)."""
+CHECKOUT_ENV = "TITAN_VERIFY_MEGATRON_LM"
+"""The Megatron-LM checkout the workers must import megatron from, set in the parent while its
+pools start: the fork server of a preloaded pool puts it first on its ``sys.path`` before it
+imports megatron.core (``_worker_preload``; CPython 3.12's fork server does not take the
+parent's ``sys.path``)."""
+
+
+def imported_megatron(checkout: str | None = None) -> str:
+    """Which Megatron this process imports: ``megatron-core <version> from <folder>``.
+
+    :param checkout: a Megatron-LM checkout whose ``megatron`` this process must have imported.
+    :raises RuntimeError: megatron.core came from elsewhere (e.g. the installed wheel), so a
+        verdict here would be about another Megatron.
+    """
+    import megatron.core
+    from megatron.core import package_info
+
+    module = Path(megatron.core.__file__)
+    seen = f"megatron-core {package_info.__version__} from {module.parent.parent.parent}"
+    # resolved on both sides: a checkout whose megatron/ is a link to a tree is that tree
+    if checkout is not None and not module.resolve().is_relative_to(
+        (Path(checkout) / "megatron").resolve()
+    ):
+        raise RuntimeError(
+            f"this worker imported {seen}, not the megatron of the checkout {checkout}: put the "
+            f"checkout first on the path (PYTHONPATH={checkout})"
+        )
+    return seen
 
 
 def _numbers(found: Any, prefix: str = "") -> dict[str, float]:
@@ -46,18 +74,22 @@ def _numbers(found: Any, prefix: str = "") -> dict[str, float]:
 
 
 def run_task(
-    layout: dict[str, int], runs: list[tuple[str, list[str]]], plugin_specs: dict[str, Any]
+    layout: dict[str, int],
+    runs: list[tuple[str, list[str]]],
+    plugin_specs: dict[str, Any],
+    checkout: str | None = None,
 ) -> dict[str, Any]:
     """Worker task: train once per run; each run's losses, norms, effects change and failed
-    patches on this rank."""
-    import megatron.core
-    import torch
-    from megatron.core import package_info
+    patches on this rank.
 
-    where = Path(megatron.core.__file__).parent.parent.parent
+    :param checkout: the Megatron-LM checkout the worker must have imported megatron from
+        (:func:`imported_megatron` raises before any training otherwise).
+    """
+    import torch
+
     out: dict[str, Any] = {
         "rank": torch.distributed.get_rank(),
-        "megatron": f"megatron-core {package_info.__version__} from {where}",
+        "megatron": imported_megatron(checkout),
     }
     for name, plugins in runs:
         try:

@@ -45,6 +45,10 @@ imports this module for its constants, and needs pytest only when it runs the up
 
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 SKIP_ENV = "TITAN_VERIFY_SKIP_FILE"
+MEGATRON = "megatron"
+"""The record naming the Megatron this rank imported (``megatron-core <version> from <folder>``)."""
+WRONG_MEGATRON = 6
+"""The exit status of a rank that imported megatron from outside the checkout (no test ran)."""
 WHY_CHARS = 300
 """The first error line (or skip reason) is cut here: the report names it, the log has it."""
 
@@ -290,7 +294,18 @@ def main(argv: list[str]) -> int:
     look_like_one_gpu()
     import pytest
 
+    from titan_plugins.testing.training_runs import imported_megatron
+
+    # a Megatron-LM checkout's tests judge its own megatron, never the installed one; a folder
+    # of test files without one (the project's fixture checkout) runs the installed one
+    own = (Path(checkout) / "megatron" / "core" / "package_info.py").is_file()
+    try:
+        seen = imported_megatron(checkout if own else None)
+    except RuntimeError as err:
+        print(f"titan-plugins verify: {err}", file=sys.stderr)
+        return WRONG_MEGATRON
     with open(record, "a", encoding="utf-8") as out:
+        out.write(json.dumps({MEGATRON: seen}) + "\n")
         return int(
             pytest.main(
                 [

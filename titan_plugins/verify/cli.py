@@ -252,6 +252,7 @@ def print_table(result: Any, out: TextIO, tests: Any = None) -> None:
 def print_upstream(tests: Any, out: TextIO) -> None:
     """Per plugin: counts per mode, every regression, the commonest reasons not judged."""
     print(f"Megatron-LM unit tests, plugins off vs on ({tests.seconds:.0f} s)", file=out)
+    print(f"megatron: {tests.megatron}", file=out)
     for name, mine in tests.plugins.items():
         print(
             f"- {name}: {mine.verdict}: {mine.selected} selected; off: {mine.passed_off}/"

@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from titan_plugins import manager
+from titan_plugins.hosts import HOSTS
+from titan_plugins.patching import gates, origin
 from titan_plugins.verify import selection
 
 LAYOUTS: dict[str, dict[str, int]] = {
@@ -303,11 +305,12 @@ def run(
     :param budget_s: start no run after this many seconds; the runs left are reported as not
         run (their plugins as not judged there), never as passed.
     :param megatron_lm: a Megatron-LM checkout whose ``megatron`` the workers import instead of
-        the installed one.
+        the installed one (a worker that imported another one fails its run, named).
     :raises ValueError: an unknown plugin or layout, a bad data file, or a folder that is not a
-        Megatron-LM checkout.
+        Megatron-LM checkout of a served line.
     """
-    from titan_plugins.testing.training_runs import run_task
+    from titan_plugins.testing.activation import environ
+    from titan_plugins.testing.training_runs import CHECKOUT_ENV, run_task
     from titan_plugins.testing.workers import GlooWorkerPool
 
     plugins = chosen(names)
@@ -323,7 +326,9 @@ def run(
     per_layout: dict[str, list[dict[str, Any]]] = {}
     failures: list[str] = []
     not_run: list[tuple[str, str]] = []
-    with _on_sys_path(checkout_dir):  # spawned workers start with this process's sys.path
+    # spawned workers start with this process's sys.path; the fork server of a preloaded pool
+    # reads the checkout from CHECKOUT_ENV (it does not take the parent's sys.path)
+    with _on_sys_path(checkout_dir), environ({CHECKOUT_ENV: checkout_dir} if checkout_dir else {}):
         for layout, name, on in plan_runs(names, layouts, declared):
             if budget_s is not None and time.monotonic() - started > budget_s:
                 not_run.append((layout, name))
@@ -336,7 +341,12 @@ def run(
             try:
                 with GlooWorkerPool(WORLD_SIZE, preloaded=True) as pool:
                     ranks = pool.run(
-                        run_task, LAYOUTS[layout], [(name, on)], wire, timeout=timeout_s
+                        run_task,
+                        LAYOUTS[layout],
+                        [(name, on)],
+                        wire,
+                        checkout_dir,
+                        timeout=timeout_s,
                     )
             except Exception as err:  # a crashed or hung run fails the check, named
                 failures.append(f"{layout}: {str(err).splitlines()[0]}")
@@ -352,12 +362,27 @@ def run(
 
 
 def checkout(path: str) -> str:
-    """The checkout folder, checked: it must hold ``megatron/core/package_info.py``."""
+    """The checkout folder, checked: it must hold ``megatron/core/package_info.py`` of a line the
+    plugins serve (the Megatron room's ``SUPPORTED``).
+
+    :raises ValueError: not a checkout, or a version outside the served lines (one line each).
+    """
     folder = Path(path).expanduser().resolve()
-    if not (folder / "megatron" / "core" / "package_info.py").is_file():
+    info = folder / "megatron" / "core" / "package_info.py"
+    if not info.is_file():
         raise ValueError(
             f"{path}: not a Megatron-LM checkout (no megatron/core/package_info.py); pass the "
             "folder that holds megatron/ and pretrain_gpt.py"
+        )
+    host = HOSTS["megatron"]
+    version = origin.read_package_info(info)
+    if version is None:
+        raise ValueError(f"{info}: no version found (MAJOR, MINOR, PATCH); is it a checkout?")
+    if gates.judge_version(host.SUPPORTED, version).reason:
+        raise ValueError(
+            f"{path}: megatron-core {version} is outside the lines the plugins serve "
+            f"({', '.join(host.MEGATRON_LINES)}); check out one of them, e.g. "
+            f"core_v{host.MEGATRON_LINES[-1]}.0"
         )
     return str(folder)
 

@@ -21,6 +21,7 @@ Per plugin, over its own files: tests selected, run and passed in each mode, and
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import json
@@ -38,7 +39,7 @@ from typing import Any
 
 from titan_plugins.hosts import HOSTS
 from titan_plugins.manager import ENABLED
-from titan_plugins.testing.upstream_worker import FAILED, PASSED, SKIP_ENV, SKIPPED
+from titan_plugins.testing.upstream_worker import FAILED, MEGATRON, PASSED, SKIP_ENV, SKIPPED
 from titan_plugins.verify import selection
 
 SUITE = "megatron_lm_tests"
@@ -91,6 +92,8 @@ class Launch:
     """Per plugin active in the job: its state on rank 0 and its patch ids applied or failed
     on any rank (:func:`~titan_plugins.testing.upstream_worker.plugin_states`)."""
     states_seen: bool = False  # a rank reached the end of its session and reported them
+    megatron: str = ""
+    """The Megatron its ranks imported (``megatron-core <version> from <folder>``)."""
     seconds: float = 0.0
     hung: list[str] = field(default_factory=list)  # tests left out for hanging (failed)
     problem: str = ""  # a hang or crash, with the test each rank was in (one line)
@@ -103,6 +106,7 @@ class Launch:
             "files": self.files,
             "tests": len(self.outcomes),
             "plugins": self.plugins,
+            "megatron": self.megatron,
             "seconds": round(self.seconds, 1),
             "problem": self.problem,
             "log_tail": self.log_tail,
@@ -144,8 +148,15 @@ class UpstreamResult:
     not_run: list[str]
     seconds: float
 
+    @property
+    def megatron(self) -> str:
+        """The Megatron the jobs' ranks imported (each one once)."""
+        seen = sorted({job.megatron for job in self.launches if job.megatron})
+        return "; ".join(seen) or "unknown (no rank got to its tests)"
+
     def as_dict(self) -> dict[str, Any]:
         return {
+            "megatron": self.megatron,
             "plugins": {
                 name: {**asdict(p), "verdict": p.verdict} for name, p in self.plugins.items()
             },
@@ -313,6 +324,7 @@ def launch(
         job.hung = sorted(hung)
         job.plugins = _states([states for _, _, states in per_rank if states is not None])
         job.states_seen = any(states is not None for _, _, states in per_rank)
+        job.megatron = "; ".join(sorted({m for path in records for m in _megatron_of(path)}))
         job.problem, job.log_tail = _problem(procs, ended, running, scratch / f"{attempt}")
         if hung and not job.problem:
             job.problem = f"{len(hung)} test(s) hung and were left out: {', '.join(sorted(hung))}"
@@ -448,11 +460,26 @@ def _read(path: Path) -> tuple[dict[str, Outcome], str, dict[str, Any] | None]:
         if "titan" in record:
             states = record["titan"]
             continue
+        if MEGATRON in record:
+            continue  # read by _megatron_of
         found = Outcome(record["outcome"], record.get("why", ""))
         known = outcomes.get(record["id"])
         if known is None or _RANK[found.status] > _RANK[known.status]:
             outcomes[record["id"]] = found
     return outcomes, running, states
+
+
+def _megatron_of(path: Path) -> set[str]:
+    """The Megatron one rank's record names (its ``megatron`` lines; none before it started)."""
+    if not path.is_file():
+        return set()
+    found = set()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            record = json.loads(line)
+            if MEGATRON in record:
+                found.add(record[MEGATRON])
+    return found
 
 
 def _states(per_rank: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
