@@ -7,7 +7,8 @@ never imports a plugin. Checked on the source (AST, nothing imported); imports b
 (``importlib.import_module``, ``__import__``) count too; the checker is tested on a bad fixture.
 And ``import torch`` (the autoload entry point) imports neither megatron nor any plugin.
 
-The core's own import graph (issue 30 item 7) has no cycle, and the core is host-neutral: what
+No distribution's import graph has a cycle (the core's: issue 30 item 7; each plugin's: issue
+46 item 10), and the core is host-neutral: what
 is Megatron-specific lives in the Megatron host's room (``titan_plugins/hosts/megatron/``), which
 the rest of the core reaches only through ``titan_plugins.hosts.HOSTS``.
 """
@@ -212,15 +213,34 @@ def test_knob_read_pattern_catches_raw_reads() -> None:
     assert not KNOB_READ.search('os.environ.get("LOCAL_WORLD_SIZE", "1")')
 
 
-# ---------------------------------------------------------------- the core's import graph
-def core_modules(root: Path) -> dict[str, Path]:
-    """Every module of the ``titan_plugins`` package under ``root``, by dotted name."""
+# ---------------------------------------------------------------- each distribution's import graph
+def package_modules(package: str, folder: Path) -> dict[str, Path]:
+    """Every module of package ``package``, whose files lie under ``folder``, by dotted name."""
     found = {}
-    for path in sorted((root / CORE).rglob("*.py")):
-        parts = list(path.relative_to(root).with_suffix("").parts)
+    for path in sorted(folder.rglob("*.py")):
+        parts = [package, *path.relative_to(folder).with_suffix("").parts]
         if parts[-1] == "__init__":
             parts.pop()
         found[".".join(parts)] = path
+    return found
+
+
+def core_modules(root: Path) -> dict[str, Path]:
+    """Every module of the ``titan_plugins`` package under ``root``, by dotted name."""
+    return package_modules(CORE, root / CORE)
+
+
+def distribution_modules(root: Path) -> dict[str, dict[str, Path]]:
+    """Each distribution of the tree under ``root`` -> its modules by dotted name: the core
+    (``titan_plugins``) and each plugin (the packages of ``plugins/<name>/``; its tests and
+    tools are no part of it)."""
+    found = {"titan-plugins (the core)": core_modules(root)}
+    for folder, packages in plugin_packages(root / "plugins").items():
+        found[folder.name] = {
+            name: path
+            for package in sorted(packages)
+            for name, path in package_modules(package, folder / package).items()
+        }
     return found
 
 
@@ -253,11 +273,20 @@ def module_imports(name: str, path: Path) -> list[tuple[int, str]]:
     with a constant string count. A package's lazy table (``titan_plugins/__init__.py``:
     ``_LAZY``, resolved by ``__getattr__`` on attribute access) is data, not an import: it runs
     only after the package has finished importing, so it can never close an import-time cycle
-    (``test_the_package_imports_nothing_at_import_time`` keeps that package a leaf).
+    (``test_the_package_imports_nothing_at_import_time`` keeps that package a leaf). A plugin
+    package's lazy attributes written as code (a module-level ``__getattr__`` in its
+    ``__init__.py``, PEP 562) are the same table and left out for the same reason.
     """
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    if path.name == "__init__.py":
+        tree.body = [
+            node
+            for node in tree.body
+            if not (isinstance(node, ast.FunctionDef) and node.name == "__getattr__")
+        ]
     found: list[tuple[int, str]] = []
-    for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    for node in _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -276,7 +305,12 @@ def module_imports(name: str, path: Path) -> list[tuple[int, str]]:
 
 def import_graph(root: Path) -> dict[str, dict[str, int]]:
     """Module -> {core module it imports: first line}, over the ``titan_plugins`` tree."""
-    modules = core_modules(root)
+    return module_graph(core_modules(root))
+
+
+def module_graph(modules: dict[str, Path]) -> dict[str, dict[str, int]]:
+    """Module -> {module of ``modules`` it imports: first line}: the graph inside one
+    distribution (an import of another distribution cannot close a circle inside this one)."""
     graph: dict[str, dict[str, int]] = {}
     for name, path in modules.items():
         edges: dict[str, int] = {}
@@ -346,13 +380,30 @@ def describe_cycle(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
     )
 
 
-def test_the_core_import_graph_has_no_cycle() -> None:
-    graph = import_graph(ROOT)
-    assert len(graph) > 40 and graph["titan_plugins.activation"], "the checker sees no core"
-    groups, cycles = import_groups(graph), import_cycles(graph)
-    assert groups == [], "modules of the core that import each other in a circle:\n" + "\n".join(
-        f"{len(group)} modules: {', '.join(group)}\n  e.g. {describe_cycle(cycle, graph)}"
-        for group, cycle in zip(groups, cycles)
+def circles(root: Path) -> list[str]:
+    """Each import circle inside a distribution of the tree under ``root``: the distribution,
+    the modules of the circle's group and one shortest cycle through them, in order."""
+    found = []
+    for distribution, modules in distribution_modules(root).items():
+        graph = module_graph(modules)
+        for group, cycle in zip(import_groups(graph), import_cycles(graph)):
+            found.append(
+                f"{distribution}: {len(group)} modules import each other in a circle: "
+                f"{', '.join(group)}\n  e.g. {describe_cycle(cycle, graph)}"
+            )
+    return found
+
+
+@pytest.mark.line_independent  # AST only: no megatron, no process
+def test_no_distribution_import_graph_has_a_cycle() -> None:
+    distributions = distribution_modules(ROOT)
+    core = module_graph(distributions["titan-plugins (the core)"])
+    assert len(core) > 40 and core["titan_plugins.activation"], "the checker sees no core"
+    assert len(distributions) >= 8 and all(distributions.values()), "a plugin is missing"
+    found = circles(ROOT)
+    assert not found, (
+        "a distribution's modules import each other in a circle (move what they share to a "
+        "leaf module):\n" + "\n".join(found)
     )
 
 
@@ -402,6 +453,54 @@ def test_cycle_checker_finds_function_level_cycles_not_type_only_ones(cyclic_tre
     assert describe_cycle(import_cycles(graph)[0], graph) == (
         f"{CORE}.a (line 1) -> {CORE}.b (line 1) -> {CORE}.c (line 2) -> {CORE}.a"
     )
+
+
+@pytest.fixture
+def circular_distributions(tmp_path: Path) -> Path:
+    """A fake core with ``a <-> b``; plugin ``alpha`` with ``x -> y -> x`` (``y`` inside a
+    function) and a package that hands ``x`` out through ``__getattr__`` (a lazy attribute, no
+    edge); plugin ``beta`` whose only circle is type-only, and which imports ``alpha`` back (an
+    import of another distribution closes no circle inside either)."""
+    _write(tmp_path, f"{CORE}/__init__.py", "")
+    _write(tmp_path, f"{CORE}/a.py", f"from {CORE} import b\n")
+    _write(tmp_path, f"{CORE}/b.py", f"def f():\n    import {CORE}.a\n")
+    plugins = tmp_path / "plugins"
+    for name in ("alpha", "beta"):
+        _write(plugins, f"{name}/setup.cfg", "[metadata]\n")
+    _write(
+        plugins,
+        "alpha/titan_alpha/__init__.py",
+        "def __getattr__(name):\n    from titan_alpha import x\n    return x\n",
+    )
+    _write(plugins, "alpha/titan_alpha/x.py", "import titan_beta.p\nfrom titan_alpha import y\n")
+    _write(plugins, "alpha/titan_alpha/y.py", "def f():\n    from . import x\n")
+    _write(plugins, "alpha/tests/test_x.py", "from titan_alpha import x\n")  # not the package
+    _write(plugins, "beta/titan_beta/__init__.py", "")
+    _write(
+        plugins,
+        "beta/titan_beta/p.py",
+        "from typing import TYPE_CHECKING\nimport titan_alpha.x\n"
+        "if TYPE_CHECKING:\n    from titan_beta import q\n",
+    )
+    _write(plugins, "beta/titan_beta/q.py", "from titan_beta.p import P\n")
+    return tmp_path
+
+
+@pytest.mark.line_independent  # AST only: no megatron, no process
+def test_each_distribution_is_checked_for_circles_of_its_own(circular_distributions: Path) -> None:
+    modules = distribution_modules(circular_distributions)
+    assert {name: sorted(found) for name, found in modules.items()} == {
+        "titan-plugins (the core)": [CORE, f"{CORE}.a", f"{CORE}.b"],
+        "alpha": ["titan_alpha", "titan_alpha.x", "titan_alpha.y"],
+        "beta": ["titan_beta", "titan_beta.p", "titan_beta.q"],
+    }
+    assert module_graph(modules["alpha"])["titan_alpha"] == {}  # the lazy attribute
+    assert circles(circular_distributions) == [
+        f"titan-plugins (the core): 2 modules import each other in a circle: {CORE}.a, {CORE}.b"
+        f"\n  e.g. {CORE}.a (line 1) -> {CORE}.b (line 2) -> {CORE}.a",
+        "alpha: 2 modules import each other in a circle: titan_alpha.x, titan_alpha.y"
+        "\n  e.g. titan_alpha.x (line 2) -> titan_alpha.y (line 2) -> titan_alpha.x",
+    ]
 
 
 # ---------------------------------------------------------------- one room per host
