@@ -3,12 +3,16 @@ run, and a verdict that cannot be written is never reported as a failed plugin (
 
 from __future__ import annotations
 
+import configparser
 import os
+import re
 import shutil
+import time
+from pathlib import Path
 
 import pytest
 
-from titan_plugins.verify import cli, differential
+from titan_plugins.verify import cli, conftest_needs, differential
 
 pytestmark = pytest.mark.line_independent
 
@@ -122,3 +126,65 @@ def test_a_checkout_of_a_line_the_plugins_do_not_serve_is_refused_in_one_line(
         "plugins serve (0.16, 0.17, 0.18, 0.19); check out one of them, e.g. core_v0.19.0\n"
     )
     assert no_run == []
+
+
+def _checkout_with_conftest(root: Path) -> Path:
+    """A 0.19 checkout whose conftest chain imports two modules that exist nowhere (one through
+    a helper of the checkout, one by a relative import), and some that do not count."""
+    core = root / "megatron" / "core"
+    core.mkdir(parents=True)
+    (core / "package_info.py").write_text('MAJOR = 0\nMINOR = 19\nPATCH = 0\nPRE_RELEASE = ""\n')
+    tests = root / "tests" / "unit_tests"
+    tests.mkdir(parents=True)
+    (root / "tests" / "__init__.py").write_text("")
+    (tests / "__init__.py").write_text("")
+    (tests / "conftest.py").write_text(
+        "import os\nimport pytest\n"
+        "from tests.unit_tests.helpers import ready\n"
+        "from . import sibling\n"
+        "try:\n    import titan_optional_guarded\nexcept ImportError:\n    pass\n"
+        "def fixture():\n    import titan_only_when_called\n"
+    )
+    (tests / "helpers.py").write_text("import titan_no_such_module_b\nready = True\n")
+    (tests / "sibling.py").write_text("import yaml as _y\nimport titan_no_such_module_a\n")
+    return root
+
+
+def test_a_conftest_import_missing_here_is_named_in_seconds_before_any_job(
+    tmp_path, no_run, capsys
+) -> None:
+    checkout = _checkout_with_conftest(tmp_path)
+    started = time.monotonic()
+    assert cli.main(["--megatron-lm", str(checkout)]) == 2
+    assert time.monotonic() - started < 30  # no job started (the probe's took 8 minutes)
+    conftest = checkout / "tests" / "unit_tests" / "conftest.py"
+    assert capsys.readouterr().err == (
+        f"titan-plugins verify: {conftest} imports titan_no_such_module_a, "
+        "titan_no_such_module_b, not importable here: pip install 'titan-plugins[verify]' (or "
+        "pip install titan_no_such_module_a titan_no_such_module_b)\n"
+    )
+    assert no_run == []
+    # guarded (try), function-level and standard-library imports are not needs; the chain is
+    # followed through the checkout's own modules, relative imports included
+    assert conftest_needs.third_party(checkout) == {
+        "pytest": "tests/unit_tests/conftest.py",
+        "yaml": "tests/unit_tests/sibling.py",
+        "titan_no_such_module_a": "tests/unit_tests/sibling.py",
+        "titan_no_such_module_b": "tests/unit_tests/helpers.py",
+    }
+    assert conftest_needs.pip_command(["click", "yaml"]) == "pip install click pyyaml"
+
+
+def test_the_verify_extra_holds_what_the_served_lines_conftests_import() -> None:
+    # measured with conftest_needs.third_party on core_v0.16.1 and core_v0.19.0 (git archive of
+    # the tags): beyond torch, numpy, packaging and typing_extensions (megatron-core's own
+    # dependencies) they import click and requests (tests/test_utils' dataset download),
+    # triton (0.16.1: batch_invariant_kernels; 0.19.0: moe/ops/paged_stash), and 0.16.1 also
+    # yaml, six, regex and pydantic (megatron.training, megatron.rl)
+    config = configparser.ConfigParser()
+    config.read(Path(__file__).parents[1] / "setup.cfg")
+    extra = [line for line in config["options.extras_require"]["verify"].splitlines() if line]
+    names = {re.split(r"[=;<> ]", line)[0].lower() for line in extra}
+    assert {"click", "requests", "pyyaml", "triton", "six", "regex", "pydantic"} <= names
+    assert all("==" in line for line in extra), extra  # pinned
+    assert 'triton==3.7.1; platform_system == "Linux"' in extra  # the pin of torch 2.13's own

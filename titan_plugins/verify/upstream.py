@@ -40,7 +40,7 @@ from typing import Any
 from titan_plugins.hosts import HOSTS
 from titan_plugins.manager import ENABLED
 from titan_plugins.testing.upstream_worker import FAILED, MEGATRON, PASSED, SKIP_ENV, SKIPPED
-from titan_plugins.verify import selection
+from titan_plugins.verify import conftest_needs, selection
 
 SUITE = "megatron_lm_tests"
 OFF, ON = "off", "on"
@@ -65,8 +65,9 @@ HUNG = "hung: "
 TEST_REQUIREMENTS = ("pytest", "pytest_mock", "six", "regex", "pydantic")
 """What the workers need to run the upstream files (the ``verify`` extra): pytest-mock for the
 tests' ``mocker``; six, regex and pydantic for the conftest of core_v0.16-line checkouts (it
-reaches ``megatron.training``, whose tokenizers and arguments import them). It also imports
-triton, which a CUDA torch brings; without it the jobs end before any test, with the error."""
+reaches ``megatron.training``, whose tokenizers and arguments import them). What a checkout's
+own conftest chain imports (click, requests, triton, yaml on the served lines) is checked per
+checkout (:mod:`~titan_plugins.verify.conftest_needs`) before any job."""
 PYTEST_ENDED = (0, 1, 5)
 """pytest's exit statuses of a session that ran to its end: all passed, some failed, none
 collected. Anything else (interrupted, internal error, a signal) is a crash."""
@@ -639,6 +640,14 @@ def run(
         )
     if not (checkout / "tests" / "unit_tests").is_dir():
         raise ValueError(f"{checkout}: no tests/unit_tests/ (a Megatron-LM checkout has them)")
+    # once, in seconds: else every rank of every job fails on the first one missing, and the
+    # run ends INCOMPLETE minutes later without naming them
+    needs = list(conftest_needs.missing(checkout))
+    if needs:
+        raise ValueError(
+            f"{checkout / conftest_needs.CONFTEST} imports {', '.join(needs)}, not importable "
+            f"here: pip install 'titan-plugins[verify]' (or {conftest_needs.pip_command(needs)})"
+        )
     started = time.monotonic()
     the_plan = plan(packages, checkout, world_sizes, through_core(packages))
     modes = {
