@@ -104,7 +104,23 @@ def test_without_strict_the_same_value_only_warns(only_example, capsys, monkeypa
 def test_malformed_strict_value_counts_as_strict(only_example, capsys, monkeypatch):
     monkeypatch.setenv("TITAN_PLUGINS_STRICT", "maybe")
     assert cli.main(["list"]) == 1
-    assert "TITAN_PLUGINS_STRICT='maybe'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "error: TITAN_PLUGINS_STRICT='maybe' is not a boolean (accepted: " in err
+    # named as what it is, never as if STRICT=1 had been set
+    assert "error: an unreadable TITAN_PLUGINS_STRICT counts as on, and the problems above" in err
+    assert "TITAN_PLUGINS_STRICT=1" not in err
+
+
+def test_doctor_fails_on_a_misspelled_variable_naming_the_declared_one(
+    only_example, capsys, monkeypatch
+):
+    monkeypatch.setenv("TITAN_EXAMPL_GREETING", "hi")
+    assert cli.main(["doctor", "--json", "--no-import"]) == 1
+    checks = json.loads(capsys.readouterr().out)
+    assert [c["detail"] for c in checks if c["name"] == "setting"] == [
+        "TITAN_EXAMPL_GREETING is set but no installed plugin declares it, nor the core: "
+        "did you mean TITAN_EXAMPLE_GREETING? (or unset it)"
+    ]
 
 
 @pytest.fixture
@@ -140,7 +156,8 @@ def test_env_never_calls_a_declared_knob_a_typo(installed_plugins, capsys, monke
     assert cli.main(["env"]) == 0
     out = capsys.readouterr().out
     assert _typos(out) == [
-        "warning: TITAN_REWND_INTERVAL is set but no installed plugin declares it (typo?)"
+        "warning: TITAN_REWND_INTERVAL is set but no installed plugin declares it, nor the core: "
+        "did you mean TITAN_REWIND_INTERVAL? (or unset it)"
     ]
     assert "TITAN_REWIND_INTERVAL=" in out and "TITAN_ACT_OFFLOAD_MIN_BYTES=" in out
     if "TITAN_REWIND_MAX_HOST_BYTES" in env:

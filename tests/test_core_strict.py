@@ -100,3 +100,34 @@ def test_a_huge_byte_size_without_strict_warns_once_and_every_plugin_loads(fake_
     assert done.stdout.split()[0] == "active" and "disabled" not in done.stdout
     assert done.stderr.count("TITAN_PLUGINS_MAX_HOST_BYTES='99999") == 1
     assert "activation failed" not in done.stderr and "default auto" in done.stderr
+
+
+def test_a_misspelled_switch_stops_megatron_import_under_strict_naming_the_real_one(fake_megatron):
+    env = {"TITAN_PLUGINS_STRICT": "1", "TITAN_FP8_BLOCKWIS": "0"}
+    done = run("import megatron.core", env, fake_megatron)
+    assert done.returncode != 0
+    assert (
+        "SettingError: TITAN_FP8_BLOCKWIS is set but no installed plugin declares it, nor the "
+        "core: did you mean TITAN_FP8_BLOCKWISE? (or unset it) (TITAN_PLUGINS_STRICT=1"
+    ) in done.stderr
+
+
+def test_a_misspelled_switch_without_strict_warns_and_leaves_the_plugin_on(fake_megatron):
+    code = (
+        "import megatron.core\n"
+        "from titan_plugins import activation\n"
+        "print(activation.current().manager.records['fp8_blockwise'].state)"
+    )
+    done = run(code, {"TITAN_FP8_BLOCKWIS": "0"}, fake_megatron)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["enabled"]  # what the warning says: the typo is ignored
+    assert done.stderr.count("TITAN_FP8_BLOCKWIS is set but no installed plugin declares") == 1
+
+
+def test_a_strict_value_that_is_not_a_boolean_is_named_as_such(fake_megatron):
+    done = run("import megatron.core", {"TITAN_PLUGINS_STRICT": "garbage"}, fake_megatron)
+    assert done.returncode != 0
+    assert (
+        "SettingError: TITAN_PLUGINS_STRICT='garbage' is not a boolean (accepted: " in done.stderr
+    )
+    assert "TITAN_PLUGINS_STRICT=1" not in done.stderr

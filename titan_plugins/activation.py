@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from titan_plugins import arming, settings, switches
+from titan_plugins import arming, namespace, settings, switches
 from titan_plugins._log import DEBUG_HINT, configure, logger
 from titan_plugins.hosts import HOSTS
 from titan_plugins.patching.engine import PatchEngine, PatchError
@@ -90,14 +90,16 @@ class Activation:
         configure()
         started = time.perf_counter()
         with settings.strictness(self.strict):
-            self._check(settings.problems(switches.CORE_SETTINGS))
+            self._check(switches.core_problems())
             if not switches.MASTER.read():
                 self.state, self.detail = OFF, "TITAN_PLUGINS=0"
                 return self
             from titan_plugins.manager import get_plugin_manager
 
             pm = get_plugin_manager(only=self.only, entry_points=self.entry_points)
-            self._check(pm.problems + plugin_setting_problems(pm))
+            self._check(
+                pm.problems + plugin_setting_problems(pm) + namespace.activation_problems(pm)
+            )
             if switches.TRACE.read():
                 pm.add_hookcall_monitoring(
                     lambda name, impls, kw: logger.warning("hook %s(%s)", name, ", ".join(kw)),
@@ -133,7 +135,7 @@ class Activation:
         """Report every problem; under STRICT raise one error listing them all."""
         self.problems.extend(problems)
         if problems and settings.strict():
-            raise settings.SettingError("; ".join(problems) + settings.STRICT_SUFFIX)
+            raise settings.SettingError("; ".join(problems) + settings.strict_suffix())
         for problem in problems:  # each says what applies instead (a Problem), or is ignored
             settings.complain(problem, getattr(problem, "fallback", "ignored"))
 

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any
 
-from titan_plugins import activation, report, settings
+from titan_plugins import activation, namespace, report, settings
 from titan_plugins.doctor import FAIL, OK, WARN, Check, core_checks
 from titan_plugins.patching import FAILED, SKIPPED
 
@@ -52,7 +52,7 @@ def _strict_exit(state: activation.Activation) -> int:
     for problem in found:
         print(f"error: {problem}", file=sys.stderr)
     if found:
-        print("error: TITAN_PLUGINS_STRICT=1 and the problems above", file=sys.stderr)
+        print(f"error: {settings.strict_reason()}, and the problems above", file=sys.stderr)
     return 1 if found else 0
 
 
@@ -189,9 +189,8 @@ def _env() -> int:
         problem = settings.problems([setting])
         if problem:
             print(f"    error: {problem[0]}")
-    known = {s.name for _, s in rows}
-    for var in sorted(v for v in os.environ if v.startswith("TITAN_") and v not in known):
-        print(f"warning: {var} is set but no installed plugin declares it (typo?)")
+    for problem in namespace.unknown_variables(s.name for _, s in rows):
+        print(f"warning: {problem}")
     return _strict_exit(state)
 
 

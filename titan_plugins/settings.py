@@ -113,6 +113,33 @@ _WARNED: set[str] = set()  # each bad value is reported once per process, not at
 STRICT_SUFFIX = " (TITAN_PLUGINS_STRICT=1: fix the value or unset it)"
 
 
+def strict_value_problem() -> str | None:
+    """STRICT's own unreadable value, named as what it is (it counts as on, see :func:`strict`),
+    or None when it reads as a switch value or is unset."""
+    raw = _raw("TITAN_PLUGINS_STRICT") or ""
+    if not raw or raw.lower() in _TRUE + _FALSE:
+        return None
+    return (
+        f"TITAN_PLUGINS_STRICT={shown_value(raw)} is not a boolean "
+        f"(accepted: {'/'.join(_TRUE)} or {'/'.join(_FALSE)})"
+    )
+
+
+def strict_reason() -> str:
+    """What made this process strict, as the messages name it: ``TITAN_PLUGINS_STRICT=1``, or
+    STRICT's own unreadable value (never reported as if STRICT=1 had been set)."""
+    if _STRICT_OVERRIDE or strict_value_problem() is None:
+        return "TITAN_PLUGINS_STRICT=1"
+    return "an unreadable TITAN_PLUGINS_STRICT counts as on"
+
+
+def strict_suffix() -> str:
+    """The tail of a STRICT error: why the process is strict, and the fix."""
+    if strict_reason() == "TITAN_PLUGINS_STRICT=1":
+        return STRICT_SUFFIX
+    return f" ({strict_reason()}: fix the values or unset them)"
+
+
 def complain(message: str, fallback: str = "") -> None:
     """Report bad input: a warning (once per message and process) saying what happens instead,
     or :class:`SettingError` under STRICT.
@@ -120,7 +147,7 @@ def complain(message: str, fallback: str = "") -> None:
     :param fallback: what the code does instead, e.g. ``"default 1 used"`` (warnings only).
     """
     if strict():
-        raise SettingError(message + STRICT_SUFFIX)
+        raise SettingError(message + strict_suffix())
     if message in _WARNED:
         return
     _WARNED.add(message)

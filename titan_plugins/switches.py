@@ -9,12 +9,14 @@ under ``TITAN_PLUGINS_STRICT=1``.
 
 from __future__ import annotations
 
+import os
 import re
 import string
 from collections.abc import Iterable
 
 from titan_plugins.host_memory import MAX_HOST_BYTES
-from titan_plugins.settings import Problem, Setting, complain, shown_value
+from titan_plugins.settings import Problem, Setting, complain, shown_value, strict_value_problem
+from titan_plugins.settings import problems as setting_problems
 
 MASTER = Setting(
     "TITAN_PLUGINS", bool, True, "Master switch: 0 loads no plugin and applies no patch."
@@ -43,9 +45,19 @@ PICK = Setting(
     "name=distribution pairs: which distribution provides a plugin name that several "
     "third-party distributions claim.",
     validate=lambda items: next(
-        (f"{item!r} is not name=distribution" for item in items if "=" not in item), None
+        (_pick_problem(item) for item in items if _pick_problem(item)), None
     ),
 )
+
+
+def _pick_problem(item: str) -> str | None:
+    # both sides named: "rewind=" or "=titan-rewind" picks nothing, it is not a choice
+    name, sep, dist = item.partition("=")
+    if sep and name.strip() and dist.strip():
+        return None
+    return f"{item!r} is not name=distribution (e.g. my_plugin=my-dist)"
+
+
 DEBUG = Setting("TITAN_PLUGINS_DEBUG", bool, False, "1: log every patch and activation step.")
 TRACE = Setting("TITAN_PLUGINS_TRACE", bool, False, "1: log every hook call.")
 
@@ -60,6 +72,43 @@ CORE_SETTINGS: tuple[Setting, ...] = (
     TRACE,
     MAX_HOST_BYTES,
 )
+
+
+def empty_entry_problems() -> list[Problem]:
+    """Empty entries of ``TITAN_PLUGINS_ONLY`` / ``_DISABLE`` / ``_PICK`` (``,,,``, ``a,,b``):
+    the list reader drops them, so a stray comma would otherwise pass unseen (``ONLY=',,,'``
+    allowed every plugin)."""
+    found = []
+    for setting in (ONLY, DISABLE, PICK):
+        text = (os.environ.get(setting.name) or "").strip()
+        if not text:
+            continue
+        entries = text.split(",")
+        empty = sum(1 for entry in entries if not entry.strip())
+        if not empty:
+            continue
+        kept = [entry.strip() for entry in entries if entry.strip()]
+        applied = f"applying {setting.name}={','.join(kept)}" if kept else "treated as unset"
+        what = "an empty entry (a stray comma?): remove it"
+        if empty > 1:
+            what = f"{empty} empty entries (stray commas?): remove them"
+        found.append(
+            Problem(
+                f"{setting.name}={shown_value(text)}: {what}",
+                applied,
+            )
+        )
+    return found
+
+
+def core_problems() -> list[str]:
+    """Every bad value among the core's switches (activation checks them before anything loads)."""
+    # STRICT's own bad value is named as what it is, not as "not a switch value" under a
+    # message that goes on to say TITAN_PLUGINS_STRICT=1
+    own = strict_value_problem()
+    found = [Problem(own, "it counts as on")] if own else []
+    found += setting_problems(s for s in CORE_SETTINGS if s is not STRICT)
+    return found + empty_entry_problems()
 
 
 def plugin_switch_var(name: str) -> str:
