@@ -222,6 +222,21 @@ def test_empty_switch_entries_are_named_problems(clean, var, value, message, app
         Activation("test", entry_points=[]).start()
 
 
+def test_a_refused_pick_with_a_stray_comma_says_the_default_applies(clean):
+    clean.setenv("TITAN_PLUGINS_PICK", "rewind=,")
+    assert [(p, p.fallback) for p in switches.core_problems()] == [
+        (
+            "TITAN_PLUGINS_PICK='rewind=,': 'rewind=' is not name=distribution "
+            "(e.g. my_plugin=my-dist); accepted: a comma-separated list",
+            "default (empty) used",
+        ),
+        (
+            "TITAN_PLUGINS_PICK='rewind=,': an empty entry (a stray comma?): remove it",
+            "default (empty) used",  # not "applying rewind=": PICK is refused as a whole
+        ),
+    ]
+
+
 def test_an_allowlist_of_stray_commas_loads_every_plugin_as_its_warning_says(clean):
     clean.setenv("TITAN_PLUGINS_ONLY", ",,,")
     state = Activation("test", entry_points=_installed(), strict=False)

@@ -89,15 +89,12 @@ def empty_entry_problems() -> list[Problem]:
             continue
         kept = [entry.strip() for entry in entries if entry.strip()]
         applied = f"applying {setting.name}={','.join(kept)}" if kept else "treated as unset"
+        if setting.problem() is not None:  # its entries are refused as a whole: the default
+            applied = f"default {setting.shown_default()} used"
         what = "an empty entry (a stray comma?): remove it"
         if empty > 1:
             what = f"{empty} empty entries (stray commas?): remove them"
-        found.append(
-            Problem(
-                f"{setting.name}={shown_value(text)}: {what}",
-                applied,
-            )
-        )
+        found.append(Problem(f"{setting.name}={shown_value(text)}: {what}", applied))
     return found
 
 
