@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CASES = '''
+CASES = """
 import subprocess
 import sys
 
@@ -69,9 +69,9 @@ def test_unmarked_import_is_hidden_then_back():
 
 def test_megatron_is_back_after_marked_tests():
     assert sys.modules["megatron"] is sys.modules["titan_inner_megatron"]
-'''
+"""
 
-TOP_IMPORT = '''
+TOP_IMPORT = """
 import megatron  # noqa: F401
 import pytest
 
@@ -79,7 +79,7 @@ import pytest
 @pytest.mark.line_independent
 def test_in_a_module_that_imports_megatron():
     pass
-'''
+"""
 
 
 def _outcomes(junit: Path) -> dict[str, str]:
