@@ -83,6 +83,12 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
         help="make step STEP's loss NaN on every rank (test-only knob of the rewind plugin), "
         "to watch rewind roll back and go on; steps count from 0, as printed",
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show every line the libraries print (scripts/demo.sh otherwise leaves out their "
+        "start-up chatter, entrypoints/demo_noise.py)",
+    )
     return parser.parse_args(argv)
 
 

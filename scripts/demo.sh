@@ -10,7 +10,7 @@ nproc=${NPROC:-4}
 # line (not one Megatron traceback per rank, or a whole run first), and --pp / --ep left out are
 # chosen to fit NPROC. demo_layout.py and demo_args.py need only the standard library.
 for arg in "$@"; do
-  case "$arg" in -h | --help) help=1 ;; esac
+  case "$arg" in -h | --help) help=1 ;; --verbose) verbose=1 ;; esac
 done
 if [ -z "${help:-}" ]; then
   PY=$(line_python) || exit 2
@@ -22,17 +22,29 @@ if [ -z "${help:-}" ]; then
 fi
 ./scripts/bootstrap.sh
 if [ -n "${help:-}" ]; then exec "$VENV/bin/python" entrypoints/cpu_demo.py --help; fi
-export OMP_NUM_THREADS=1 TORCH_COMPILE_DISABLE=1 PYTHONWARNINGS=ignore
-# Mooncake logs through glog before InitGoogleLogging (GLOG_minloglevel is ignored there);
-# its own MC_LOG_LEVEL keeps the per-connection INFO and WARNING lines out of the demo output.
-export MC_LOG_LEVEL=${MC_LOG_LEVEL:-ERROR}
+export OMP_NUM_THREADS=1 TORCH_COMPILE_DISABLE=1
+if [ -z "${verbose:-}" ]; then # --verbose: every line every library prints
+  export PYTHONWARNINGS=ignore
+  # Mooncake sets glog's level from its own MC_LOG_LEVEL (GLOG_minloglevel is ignored), which
+  # keeps its per-connection INFO and WARNING lines out of the demo output.
+  export MC_LOG_LEVEL=${MC_LOG_LEVEL:-ERROR}
+fi
 # A plugin that stops the job on purpose (rewind with nothing to roll back to) prints one
 # message on rank 0; the workers leave their exit code here instead of failing under torchrun,
 # which would add a traceback per worker.
 status_dir=$(mktemp -d)
 trap 'rm -rf "$status_dir"' EXIT
-TITAN_DEMO_STATUS="$status_dir/exit" "$VENV/bin/torchrun" --nproc-per-node "$nproc" \
-  --master-port "$port" entrypoints/cpu_demo.py "$@"
+demo() {
+  TITAN_DEMO_STATUS="$status_dir/exit" "$VENV/bin/torchrun" --nproc-per-node "$nproc" \
+    --master-port "$port" entrypoints/cpu_demo.py "$@"
+}
+if [ -n "${verbose:-}" ]; then
+  demo "$@"
+else
+  # The workers' stderr, less the native libraries' start-up chatter (each line and why in
+  # entrypoints/demo_noise.py); stdout goes straight through (fd 3), torchrun's status counts.
+  { demo "$@" 2>&1 1>&3 3>&- | "$VENV/bin/python" entrypoints/demo_noise.py 3>&-; } 3>&1
+fi
 code=0
 for file in "$status_dir"/exit.*; do
   [ -e "$file" ] && code=$(cat "$file")

@@ -1,6 +1,7 @@
 """The CPU demo's arguments, port and output, judged without training: bad values are refused in
 one line with exit 2 before any worker starts (``scripts/demo.sh`` stops in its preflight, before
-bootstrap and torchrun), and only this run's trace report is named.
+bootstrap and torchrun), only this run's trace report is named, and the native libraries'
+start-up chatter is dropped line by line while real warnings and tracebacks pass.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from titan_entrypoints import demo_args, demo_output
+from titan_entrypoints import demo_args, demo_layout, demo_noise, demo_output
 from titan_entrypoints.cpu_demo import parse_args
 from titan_entrypoints.demo_args import DemoArgsError
 
@@ -154,6 +156,11 @@ def test_demo_sh_refuses_zero_steps_before_any_worker_starts() -> None:
     assert _lines(done) == ["demo: --steps 0: train at least one step (--steps 1 or more)"]
 
 
+def test_preflight_passes_verbose_through(capsys: Any) -> None:
+    assert demo_layout.preflight(["2", "--verbose", "--steps", "3"]) == 0
+    assert capsys.readouterr().out.strip() == "--pp 2 --ep 1 --verbose --steps 3"
+
+
 # ------------------------------------------------------------------------------ MASTER_PORT
 
 
@@ -242,3 +249,58 @@ def test_the_report_this_analysis_wrote_is_named(
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     text = demo_output.trace_summary(str(tmp_path / "traces"))
     assert text.splitlines()[-2:] == ["4 ranks analysed", f"HTML report: {old}"]
+
+
+# ------------------------------------------------------------------------------------ noise
+
+# Exactly as a 4-rank `./scripts/demo.sh --steps 2` printed them on this CPU machine.
+NOISE = [
+    "[rank3]:W1207 13:05:45.051000 6852 torch/utils/cpp_extension.py:178] No CUDA runtime is "
+    "found, using CUDA_HOME='/usr/local'",
+    "GPTModel IS DEPRECATED. GPTModel is only accepting critical bug fixes, no new features. "
+    "Please reference the migration guide `docs/user-guide/hybrid-model-migration.md` for details "
+    "on how to use `HybridModel`",
+    "WARNING: Logging before InitGoogleLogging() is written to STDERR",
+    "E1207 13:05:46.854215  6852 transfer_metadata.cpp:1098] Local segment descriptor not found",
+    "USDT:2026-12-07 13:05:47 6850:6850 SyncActivityProfilerHandler.cpp:52] profiler_start",
+    "USDT:2026-12-07 13:05:49 6852:6852 SyncActivityProfilerHandler.cpp:59] profiler_stop",
+    "ERROR:2026-12-07 13:05:49 6852:6852 DeviceProperties.cpp:50] gpuGetDeviceCount failed with "
+    "code 35",
+]
+KEPT = [
+    "layout: --pp 2 --ep 2 on 4 processes",
+    "[rank0]:W1207 13:05:45.051000 6849 torch/distributed/run.py:792] Setting OMP_NUM_THREADS",
+    "E1207 13:05:46.854215  6852 transfer_metadata.cpp:1098] Failed to open segment peer:1234",
+    "ERROR:2026-12-07 13:05:49 6852:6852 DeviceProperties.cpp:50] gpuGetDeviceCount failed with "
+    "code 100",
+    "ERROR:2026-12-07 13:05:49 6852:6852 output_json.cpp:612] Failed to write trace",
+    "/work/main/x.py:3: UserWarning: a real warning",
+    "Traceback (most recent call last):",
+    '  File "/work/main/x.py", line 3, in <module>',
+    "ValueError: Default process group has not been initialized",
+]
+
+
+def test_the_filter_drops_exactly_the_startup_chatter() -> None:
+    import io
+
+    mixed = [line for pair in zip(NOISE, KEPT) for line in pair] + KEPT[len(NOISE) :]
+    source = io.BytesIO(("\n".join(mixed) + "\n").encode())
+    sink = io.BytesIO()
+    assert demo_noise.filter_stream(source, sink) == len(NOISE)
+    assert sink.getvalue().decode().splitlines() == KEPT
+    assert all(demo_noise.why_noise(line) for line in NOISE)
+
+
+def test_the_filter_script_passes_stderr_on_and_says_what_it_left_out() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "entrypoints" / "demo_noise.py")],
+        input="\n".join(NOISE + KEPT) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and done.stdout == ""
+    assert done.stderr.splitlines() == KEPT + [
+        f"({len(NOISE)} lines of native libraries' start-up chatter left out; --verbose shows them)"
+    ]
