@@ -52,18 +52,21 @@ def test_loss_window_forgets_old_values():
     assert spike.threshold() == pytest.approx(1.0)
 
 
-def test_grad_norm_spike_factor_over_ema():
-    grad = GradNormSpike(factor=5.0, beta=0.5, min_history=2)
+def test_grad_norm_spike_factor_over_the_rolling_median():
+    grad = GradNormSpike(window=3, min_history=2, factor=5.0, zscore=0.0)
     grad.accept(1.0)
     assert grad.check(100.0) is None  # warm-up
-    grad.accept(3.0)  # ema = 0.5 * 1 + 0.5 * 3
+    grad.accept(3.0)  # median of 1 and 3 on logarithms: sqrt(3)
+    assert grad.threshold() == pytest.approx(5.0 * math.sqrt(3.0))
+    for value in (2.0, 2.0):  # the window (3) forgets the 1.0 and the 3.0
+        grad.accept(value)
     assert grad.threshold() == pytest.approx(10.0)
     assert grad.check(9.9) is None and grad.check(10.1).kind == "grad_norm_spike"
 
 
 def test_detector_order_and_switches():
     detector = Detector(
-        ("nonfinite", "loss", "grad_norm"), LossSpike(5, 1, 1.0, 0.0), GradNormSpike(2.0, 0.5, 1)
+        ("nonfinite", "loss", "grad_norm"), LossSpike(5, 1, 1.0, 0.0), GradNormSpike(5, 1, 2.0, 0.0)
     )
     detector.accept(Signals(loss=1.0, grad_norm=1.0))
     assert detector.check(Signals(loss=1.0, grad_norm=1.0)) is None
@@ -71,10 +74,10 @@ def test_detector_order_and_switches():
     assert detector.check(Signals(1.0, None, nonfinite_grad=True)).kind == "nonfinite_grad"
     assert detector.check(Signals(loss=5.0, grad_norm=5.0)).kind == "loss_spike"
     assert detector.check(Signals(loss=1.0, grad_norm=5.0)).kind == "grad_norm_spike"
-    only_nan = Detector(("nonfinite",), LossSpike(5, 1, 1.0, 0.0), GradNormSpike(2.0, 0.5, 1))
+    only_nan = Detector(("nonfinite",), LossSpike(5, 1, 1.0, 0.0), GradNormSpike(5, 1, 2.0, 0.0))
     only_nan.accept(Signals(loss=1.0, grad_norm=1.0))
     assert only_nan.check(Signals(loss=50.0, grad_norm=50.0)) is None
-    no_nan = Detector(("loss",), LossSpike(5, 1, 1.0, 0.0), GradNormSpike(2.0, 0.5, 1))
+    no_nan = Detector(("loss",), LossSpike(5, 1, 1.0, 0.0), GradNormSpike(5, 1, 2.0, 0.0))
     assert no_nan.check(Signals(math.nan, None, nonfinite_loss=True)) is None
 
 

@@ -21,8 +21,9 @@ class RewindConfig:
     loss_min_history: int = s.LOSS_MIN_HISTORY.default
     loss_zscore: float = s.LOSS_ZSCORE.default
     loss_min_spread: float = s.LOSS_MIN_SPREAD.default
+    grad_window: int = s.GRAD_WINDOW.default
     grad_factor: float = s.GRAD_FACTOR.default
-    grad_ema: float = s.GRAD_EMA.default
+    grad_zscore: float = s.GRAD_ZSCORE.default
     grad_min_history: int = s.GRAD_MIN_HISTORY.default
     escalate_window: int = s.ESCALATE_WINDOW.default
     escalate_skip: int = s.ESCALATE_SKIP.default
@@ -42,8 +43,9 @@ class RewindConfig:
             loss_min_history=s.LOSS_MIN_HISTORY.read(),
             loss_zscore=s.LOSS_ZSCORE.read(),
             loss_min_spread=s.LOSS_MIN_SPREAD.read(),
+            grad_window=s.GRAD_WINDOW.read(),
             grad_factor=s.GRAD_FACTOR.read(),
-            grad_ema=s.GRAD_EMA.read(),
+            grad_zscore=s.GRAD_ZSCORE.read(),
             grad_min_history=s.GRAD_MIN_HISTORY.read(),
             escalate_window=s.ESCALATE_WINDOW.read(),
             escalate_skip=s.ESCALATE_SKIP.read(),
@@ -58,5 +60,7 @@ class RewindConfig:
             LossSpike(
                 self.loss_window, self.loss_min_history, self.loss_zscore, self.loss_min_spread
             ),
-            GradNormSpike(self.grad_factor, self.grad_ema, self.grad_min_history),
+            GradNormSpike(
+                self.grad_window, self.grad_min_history, self.grad_factor, self.grad_zscore
+            ),
         )

@@ -1,6 +1,7 @@
 """Detectors: non-finite values, loss spikes (robust z-score) and grad-norm spikes (factor over
-an EMA). Pure Python on the step's global values, so every rank, fed the same all-reduced
-numbers, takes the same decision.
+a rolling median, on logarithms). Both spike rules judge a step against a rolling window of the
+last healthy steps, so they follow the run's own trend. Pure Python on the step's global values,
+so every rank, fed the same all-reduced numbers, takes the same decision.
 
 Only healthy steps feed the references: a spike never raises its own bar.
 """
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution x this = its standard deviation
@@ -52,10 +55,16 @@ class Trigger:
         return f"{self.kind} {self.value:.6g} > {self.threshold:.6g}"
 
 
+def _median_and_mad(values: Sequence[float]) -> tuple[float, float]:
+    """The median of ``values`` and their median absolute deviation from it."""
+    median = statistics.median(values)
+    return median, statistics.median(abs(x - median) for x in values)
+
+
 class LossSpike:
     """Loss above ``median + zscore x max(1.4826 x MAD, min_spread x median)`` of the last
     ``window`` healthy losses; silent until ``min_history`` losses were seen. One-sided: a
-    falling loss never triggers."""
+    falling loss never triggers. The window rolls, so the bar follows the run's own trend."""
 
     def __init__(self, window: int, min_history: int, zscore: float, min_spread: float) -> None:
         self.history: deque[float] = deque(maxlen=window)
@@ -67,8 +76,7 @@ class LossSpike:
         """The current bar, or None during warm-up."""
         if len(self.history) < max(self.min_history, 1):
             return None
-        median = statistics.median(self.history)
-        mad = statistics.median(abs(x - median) for x in self.history)
+        median, mad = _median_and_mad(self.history)
         spread = max(MAD_TO_SIGMA * mad, self.min_spread * abs(median))
         return median + self.zscore * spread
 
@@ -85,21 +93,30 @@ class LossSpike:
 
 
 class GradNormSpike:
-    """Grad norm above ``factor x EMA`` of the healthy grad norms (decay ``beta``); silent until
-    ``min_history`` norms were seen."""
+    """Grad norm above ``median x max(factor, exp(zscore x 1.4826 x MAD))`` of the last
+    ``window`` healthy grad norms, median and MAD taken on their logarithms; silent until
+    ``min_history`` norms were seen.
 
-    def __init__(self, factor: float, beta: float, min_history: int) -> None:
-        self.factor = factor
-        self.beta = beta
+    Why on logarithms: a grad norm moves by factors (it falls tenfold while a model fits, and
+    jumps several-fold for one step when the loss is near its floor), so "how many times the
+    recent median" is the scale-free question. The median of a rolling window follows a slow
+    drift up or down (a run is never judged against its early-training scale), one outlier
+    does not move it, and the MAD widens the bar while the norms themselves are still moving
+    fast (early training), where a fixed factor would be too tight.
+    """
+
+    def __init__(self, window: int, min_history: int, factor: float, zscore: float) -> None:
+        self.history: deque[float] = deque(maxlen=window)
         self.min_history = min_history
-        self.ema: float | None = None
-        self.seen = 0
+        self.factor = factor
+        self.zscore = zscore
 
     def threshold(self) -> float | None:
         """The current bar, or None during warm-up."""
-        if self.ema is None or self.seen < self.min_history:
+        if len(self.history) < max(self.min_history, 1):
             return None
-        return self.factor * self.ema
+        median, mad = _median_and_mad(self.history)
+        return math.exp(median + max(math.log(self.factor), self.zscore * MAD_TO_SIGMA * mad))
 
     def check(self, grad_norm: float) -> Trigger | None:
         """A trigger when ``grad_norm`` crosses the bar."""
@@ -109,12 +126,9 @@ class GradNormSpike:
         return None
 
     def accept(self, grad_norm: float) -> None:
-        """Fold a healthy step's grad norm into the average."""
-        self.seen += 1
-        if self.ema is None:
-            self.ema = grad_norm
-        else:
-            self.ema = self.beta * self.ema + (1.0 - self.beta) * grad_norm
+        """Add a healthy step's grad norm to the reference (a zero norm, e.g. a frozen model,
+        counts as the smallest positive float: its logarithm must exist)."""
+        self.history.append(math.log(max(grad_norm, sys.float_info.min)))
 
 
 class Detector:

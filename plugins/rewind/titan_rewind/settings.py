@@ -1,8 +1,9 @@
 """The ``TITAN_REWIND_*`` knobs, declared once; the code reads them only through ``.read()``.
 
 The plugin itself is switched by the core's ``TITAN_REWIND=0`` (not declared here). Defaults
-were chosen on the CPU demo's loss and grad-norm curves (README, "Defaults"): no trigger in 200
-clean steps, while a NaN, a tripled loss or a 10x grad norm are caught at their step.
+were chosen on the CPU demo's loss and grad-norm curves (README, "Defaults"): no trigger in 500
+clean steps (one-step grad-norm jumps of 8x and more are healthy there), while a NaN, a tripled
+loss or a 30x grad norm are caught at their step.
 """
 
 from __future__ import annotations
@@ -90,20 +91,28 @@ LOSS_MIN_SPREAD = Setting(
     "Floor of the robust deviation as a fraction of the median (a flat curve has MAD ~ 0).",
     minimum=0.0,
 )
+GRAD_WINDOW = Setting(
+    "TITAN_REWIND_GRAD_WINDOW",
+    int,
+    50,
+    "Healthy steps whose grad norms form the rolling median / MAD reference (on logarithms).",
+    minimum=5,
+)
 GRAD_FACTOR = Setting(
     "TITAN_REWIND_GRAD_FACTOR",
     float,
-    8.0,
-    "A grad norm spikes when above this factor times its moving average.",
+    10.0,
+    "A grad norm spikes when above this factor times the median of the last GRAD_WINDOW "
+    "healthy grad norms (or more while they move fast, see TITAN_REWIND_GRAD_ZSCORE).",
     minimum=1.0,
 )
-GRAD_EMA = Setting(
-    "TITAN_REWIND_GRAD_EMA",
+GRAD_ZSCORE = Setting(
+    "TITAN_REWIND_GRAD_ZSCORE",
     float,
-    0.9,
-    "Decay of the grad-norm moving average (0.9: about the last 10 healthy steps).",
+    3.0,
+    "The grad-norm bar widens to exp(this x 1.4826 x MAD of the window's log norms) x the "
+    "median when that is more than GRAD_FACTOR (norms still falling or rising fast).",
     minimum=0.0,
-    maximum=0.999,
 )
 GRAD_MIN_HISTORY = Setting(
     "TITAN_REWIND_GRAD_MIN_HISTORY",
@@ -153,8 +162,9 @@ SETTINGS: list[Setting] = [
     LOSS_MIN_HISTORY,
     LOSS_ZSCORE,
     LOSS_MIN_SPREAD,
+    GRAD_WINDOW,
     GRAD_FACTOR,
-    GRAD_EMA,
+    GRAD_ZSCORE,
     GRAD_MIN_HISTORY,
     ESCALATE_WINDOW,
     ESCALATE_SKIP,
