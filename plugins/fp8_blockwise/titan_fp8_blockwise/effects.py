@@ -1,4 +1,5 @@
-"""What the plugin did in this process: FP8 layer calls, FP8 GEMMs run, weight quantizations.
+"""What the plugin did in this process: FP8 layer calls, FP8 GEMMs run, weight quantizations,
+and the patch records it registered in this activation.
 
 Counted where the work happens (the linear layer's forward and backward, the weight cache), so
 the numbers say what ran, not what was configured. Light (no torch): reports read it at any time.
@@ -7,10 +8,22 @@ the numbers say what ran, not what was configured. Light (no torch): reports rea
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 CALLS: Counter[str] = Counter()  # FP8 layer forwards by kind (ColumnParallelLinear[.expert], ...)
 GEMMS: Counter[str] = Counter()  # FP8 GEMMs run, by pass: fprop, dgrad, wgrad
 WEIGHT_CACHE = {"epoch": 0, "hits": 0, "misses": 0}  # see weight_cache
+# id -> the records of the current activation (``titan_plugins.patching.Patch``); the engine
+# updates each one's status in place and :mod:`titan_fp8_blockwise.features` judges each feature
+# from them. Here, in a leaf that the patch records load anyway, so that the records and the
+# feature judge (reached from the layers the records route to) share it without a circle.
+REGISTERED: dict[str, Any] = {}
+
+
+def track(records: list[Any]) -> None:
+    """Remember the records the plugin registered in this activation."""
+    REGISTERED.clear()
+    REGISTERED.update({record.id: record for record in records})
 
 
 def count_call(kind: str) -> None:

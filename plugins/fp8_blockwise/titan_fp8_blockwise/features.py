@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from titan_fp8_blockwise import registered
+from titan_fp8_blockwise import effects
 from titan_plugins.patching import APPLIED, PENDING
 
 P = "fp8_blockwise."
@@ -53,7 +53,7 @@ NEEDED_BY |= {RECOMPUTE: "recomputation in FP8", MOE_CONFIG: "MoE + FP8 configs 
 
 def track(records: list[Any]) -> None:
     """Remember the records the plugin registered (the engine updates their status in place)."""
-    registered.track(records)
+    effects.track(records)
 
 
 def _core_step_records() -> list[Any]:
@@ -87,7 +87,7 @@ def missing(feature: str) -> list[tuple[str, str]]:
     the layers themselves). The SwiGLU store and recomputation in FP8 also need the FP8 linear
     layers: they only run inside the FP8 regions those open.
     """
-    _records = registered.REGISTERED
+    _records = effects.REGISTERED
     if not _records:
         return []
     problems = [p for slot in FEATURES[feature] if (p := _slot_problem(slot, _records))]

@@ -19,8 +19,8 @@ def titan_register_patches(register: Callable[[Patch], None]) -> None:
     """Register the FP8 region, linear-layer, router, SwiGLU-store and no-TE fix patches."""
     import sys
 
+    from titan_fp8_blockwise.effects import track
     from titan_fp8_blockwise.patches import patches
-    from titan_fp8_blockwise.registered import track
 
     backend = sys.modules.get("titan_fp8_blockwise.backend")  # not imported for this
     if backend is not None:
