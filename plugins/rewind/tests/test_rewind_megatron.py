@@ -382,6 +382,11 @@ def test_repeated_faults_escalate_then_raise(gloo_pool1):
     assert (second["step"], second["level"], second["snapshot_step"]) == (6, 2, 2)
     assert second["extra_microbatches_dropped"] == 2 * NMB
     assert "nonfinite_loss nan at step 8" in result["error"]
+    # The message leads with the last 8 steps: the healthy ones, then the faults 4, 6, 8.
+    head, *steps = result["error"].splitlines()[:9]
+    assert head == "rewind: the last 8 step(s) before the stop (global loss, grad norm):"
+    assert [line.split(":")[0] for line in steps] == [f"  step {i}" for i in range(1, 9)]
+    assert [i for i, line in enumerate(steps, 1) if "(nonfinite_loss)" in line] == [4, 6, 8]
     assert "steps 4, 6, 8" in result["error"] and "TITAN_REWIND_MAX_REWINDS" in result["error"]
     # Steps 0..8 read their batches; escalation dropped 4 more.
     assert result["consumed"] == 9 * NMB + 2 * NMB
@@ -498,7 +503,14 @@ def test_nothing_to_roll_back_on_one_rank_stops_every_rank_with_one_message(gloo
     # Rank 0 could roll back itself, but rank 1 cannot: nobody rolls back, and rank 0 says why.
     assert first["primary"] and not second["primary"]
     text = first["message"]
-    assert text.startswith(
+    # It leads with the last steps' global numbers, then says why the run stops.
+    lines = text.splitlines()
+    assert lines[0] == "rewind: the last 2 step(s) before the stop (global loss, grad norm):"
+    assert lines[1].startswith("  step 0: loss 4.") and lines[2].startswith(
+        "  step 1: loss nan/inf"
+    )
+    assert lines[2].endswith("(nonfinite_loss)")
+    assert lines[3].startswith(
         "rewind: step 1: nonfinite_loss nan, and nothing to roll back to on 1 of 2"
     )
     assert "\n  rank(s) 1: two snapshots of this rank need " in text

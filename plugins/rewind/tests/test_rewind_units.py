@@ -424,7 +424,7 @@ class Loop:
         self.microbatches = microbatches
         self.ns = SimpleNamespace
 
-    def step(self, index: int, fault: bool = False) -> None:
+    def step(self, index: int, fault: bool = False, loss: float = 2.0) -> None:
         kwargs = {"data_iterator": self.data, "num_microbatches": self.microbatches}
         train = self.ns(
             index=index, model=[self.model], num_microbatches=self.microbatches, kwargs=kwargs
@@ -434,8 +434,8 @@ class Loop:
         for _ in range(self.microbatches if self.data is not None else 0):
             next(self.data, None)
         forward_backward(self.model, index)
-        loss = torch.tensor([math.nan if fault else 2.0, 1.0])
-        self.rewinder.after_train_step(train, [{"lm loss": loss}])
+        report = torch.tensor([math.nan if fault else loss, 1.0])
+        self.rewinder.after_train_step(train, [{"lm loss": report}])
         self.rewinder.before_optimizer_step(opt_step)
         update(self.optimizer)
         self.rewinder.after_optimizer_step(opt_step, (True, 1.0, 0))
@@ -474,7 +474,15 @@ def test_nothing_to_roll_back_to_raises_one_message_naming_step_reason_and_knobs
     assert error.primary and isinstance(error, JobStopped) and error.exit_code != 0
     assert (error.step, error.knobs) == (1, ("TITAN_REWIND_MAX_HOST_BYTES",))
     text = str(error)
-    assert text.startswith("rewind: step 1: nonfinite_loss nan, and nothing to roll back to")
+    # The message leads with the last steps' numbers, then says why the run stops.
+    assert text.splitlines()[:3] == [
+        "rewind: the last 2 step(s) before the stop (global loss, grad norm):",
+        "  step 0: loss 2, grad norm 1",
+        "  step 1: loss nan/inf, grad norm 1 (nonfinite_loss)",
+    ]
+    assert text.splitlines()[3].startswith(
+        "rewind: step 1: nonfinite_loss nan, and nothing to roll back to"
+    )
     assert "rank(s) 0: two snapshots of this rank need " in text
     assert "(with the Adam moments the first update creates)" in text
     assert "over the rewind budget of 1" in text and "TITAN_REWIND_MAX_HOST_BYTES >=" in text
@@ -506,7 +514,34 @@ def test_an_escalation_that_cannot_skip_says_so_and_the_final_error_does_not_adv
     assert "dropped 0" not in caplog.text
     text = str(caught.value)
     assert "steps 1, 2, 3" in text and "TITAN_REWIND_ESCALATE_SKIP had no effect" in text
+    assert text.startswith("rewind: the last 4 step(s) before the stop (global loss, grad norm):")
     assert caught.value.knobs == ("TITAN_REWIND_MAX_REWINDS",)
+
+
+def test_giving_up_leads_with_the_last_steps_losses_and_grad_norms():
+    from titan_rewind import RewindError, runtime
+    from titan_rewind.config import RewindConfig
+
+    run = Loop(runtime.Rewinder(RewindConfig()))
+    for index in range(10):
+        run.step(index, loss=3.0 - 0.125 * index)  # falling: 3.0 ... 1.875, all healthy
+    run.step(10, fault=True)
+    run.step(11, fault=True)
+    with pytest.raises(RewindError) as caught:
+        run.step(12, fault=True)
+    lines = str(caught.value).splitlines()
+    assert lines[:9] == [
+        "rewind: the last 8 step(s) before the stop (global loss, grad norm):",
+        "  step 5: loss 2.375, grad norm 1",
+        "  step 6: loss 2.25, grad norm 1",
+        "  step 7: loss 2.125, grad norm 1",
+        "  step 8: loss 2, grad norm 1",
+        "  step 9: loss 1.875, grad norm 1",
+        "  step 10: loss nan/inf, grad norm 1 (nonfinite_loss)",
+        "  step 11: loss nan/inf, grad norm 1 (nonfinite_loss)",
+        "  step 12: loss nan/inf, grad norm 1 (nonfinite_loss)",
+    ]
+    assert lines[9].startswith("rewind: nonfinite_loss nan at step 12 is fault number 3")
 
 
 # ------------------------------------------------------------------------------ skipping batches

@@ -68,10 +68,15 @@ def drop(train: Any, steps: int) -> tuple[int, int, str | None]:
 
 
 def give_up(
-    trigger: Trigger, index: int, fault: int, events: Sequence[RewindEvent], window: int
+    trigger: Trigger,
+    index: int,
+    fault: int,
+    events: Sequence[RewindEvent],
+    window: int,
+    recent: Sequence[str] = (),
 ) -> NoReturn:
     """Fault number ``max_rewinds + 1`` in one chain: raise on every rank (the full message on
-    rank 0, one line elsewhere)."""
+    rank 0, led by the ``recent`` steps' lines; one line elsewhere)."""
     run = chain(events, window)
     message, knobs = messages.give_up(
         trigger,
@@ -81,6 +86,7 @@ def give_up(
         [e.step for e in run] + [index],
         run[-1].snapshot_step,
         [e.skip_problem for e in run if e.skip_problem],
+        recent,
     )
     primary = collective.world()[0] == 0
     if not primary:

@@ -106,8 +106,10 @@ def give_up(
     steps: list[int],
     snapshot_step: int,
     skip_problems: list[str],
+    recent: Sequence[str] = (),
 ) -> tuple[str, list[str]]:
-    """Rank 0's message for fault number ``max_rewinds + 1`` in one chain, and its knobs."""
+    """Rank 0's message for fault number ``max_rewinds + 1`` in one chain, and its knobs; it
+    leads with the ``recent`` lines (the last steps' losses and grad norms)."""
     target = (
         "the starting state (before step 0)"
         if snapshot_step < 0
@@ -130,7 +132,7 @@ def give_up(
         f"divergence persists.{skip}Inspect the data after that step, lower the learning "
         f"rate, or raise {' / '.join(knobs)}."
     )
-    return message, knobs
+    return "\n".join([*recent, message]), knobs
 
 
 def short_drops(outcomes: Sequence[tuple[int, int, int, str | None]]) -> str | None:

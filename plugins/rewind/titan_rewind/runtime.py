@@ -22,6 +22,7 @@ from titan_rewind.config import RewindConfig
 from titan_rewind.detect import Signals, Trigger
 from titan_rewind.errors import RewindError
 from titan_rewind.escalation import RewindEvent
+from titan_rewind.recent import RecentSteps
 
 if TYPE_CHECKING:
     from titan_rewind.store import SnapshotStore
@@ -45,6 +46,7 @@ class Rewinder:
         self.steps_checked = 0
         self.steps_skipped_by_scaler = 0
         self.last_signals: Signals | None = None
+        self.recent = RecentSteps()  # what a message stopping the run leads with
         # This rank's (loss numerator, denominator) summed over the training calls since the
         # last optimizer step (several with gradient accumulation, or a megatron re-run).
         self._loss: tuple[float, float] | None = None
@@ -149,9 +151,11 @@ class Rewinder:
         self.last_signals = signals
         if signals.skipped:  # the fp16 loss scaler skipped the update: its business, not ours
             self.steps_skipped_by_scaler += 1
+            self.recent.record(index, signals, None)
             return
         chunks = self._chunks(opt_step)
         trigger = self.detector.check(signals)
+        self.recent.record(index, signals, trigger)
         if trigger is not None:
             self._rewind(trigger, index, train, chunks, opt_step.optimizer, signals)
             return
@@ -214,6 +218,7 @@ class Rewinder:
         if _rank() == 0:
             message = "\n".join(
                 [
+                    *self.recent.lines(),
                     head + "; the weights may hold NaN/Inf, so the run stops:",
                     *lines,
                     helped,
@@ -242,7 +247,14 @@ class Rewinder:
     ) -> None:
         level = escalation.level(self.events, index, self.config.escalate_window)
         if level > self.config.max_rewinds:
-            escalation.give_up(trigger, index, level, self.events, self.config.escalate_window)
+            escalation.give_up(
+                trigger,
+                index,
+                level,
+                self.events,
+                self.config.escalate_window,
+                self.recent.lines(),
+            )
         if signals.cannot_roll_back:
             self._cannot_roll_back(trigger, index, signals)
             return
