@@ -190,3 +190,30 @@ def test_a_zero_grad_norm_is_accepted():
     grad = GradNormSpike(window=5, min_history=1, factor=10.0, zscore=3.0)
     grad.accept(0.0)  # a frozen model: its logarithm is taken of the smallest positive float
     assert 0.0 < grad.threshold() < 1e-300
+
+
+@pytest.mark.parametrize(
+    ("warm", "window", "field"),
+    [
+        ("TITAN_REWIND_LOSS_MIN_HISTORY", "TITAN_REWIND_LOSS_WINDOW", "loss_min_history"),
+        ("TITAN_REWIND_GRAD_MIN_HISTORY", "TITAN_REWIND_GRAD_WINDOW", "grad_min_history"),
+    ],
+)
+def test_a_warm_up_longer_than_its_window_is_named_and_ends_when_the_window_is_full(
+    monkeypatch, caplog, warm, window, field
+):
+    from titan_plugins.settings import SettingError
+
+    monkeypatch.setenv(warm, "60")
+    monkeypatch.setenv(window, "40")
+    message = (
+        f"{warm}=60 is more than the 40 healthy steps {window} holds, so that check would "
+        f"never start: lower it or raise {window}"
+    )
+    with caplog.at_level("WARNING", logger="titan_plugins"):
+        config = RewindConfig.from_env()
+    assert getattr(config, field) == 40
+    assert f"{message} (the check starts once the window is full, after 40 steps)" in caplog.text
+    monkeypatch.setenv("TITAN_PLUGINS_STRICT", "1")
+    with pytest.raises(SettingError, match=message):
+        RewindConfig.from_env()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from titan_plugins.settings import complain
 from titan_rewind import settings as s
 from titan_rewind.detect import Detector, GradNormSpike, LossSpike
 
@@ -33,6 +34,10 @@ class RewindConfig:
     @classmethod
     def from_env(cls) -> RewindConfig:
         """Read every knob (a bad value warns and falls back, or raises under STRICT)."""
+        return cls._read()._warm_up_within_window()
+
+    @classmethod
+    def _read(cls) -> RewindConfig:
         return cls(
             interval=s.INTERVAL.read(),
             stable_after=s.STABLE_AFTER.read(),
@@ -52,6 +57,25 @@ class RewindConfig:
             max_rewinds=s.MAX_REWINDS.read(),
             inject_nan_steps=s.INJECT_NAN_STEP.read(),
         )
+
+    def _warm_up_within_window(self) -> RewindConfig:
+        """A warm-up longer than its window would never end (the window holds fewer healthy
+        steps than it waits for): say so and start the check once the window is full."""
+        fixed = self
+        for check, warm, window in (
+            ("loss", s.LOSS_MIN_HISTORY, s.LOSS_WINDOW),
+            ("grad", s.GRAD_MIN_HISTORY, s.GRAD_WINDOW),
+        ):
+            wanted, held = getattr(self, f"{check}_min_history"), getattr(self, f"{check}_window")
+            if wanted > held:
+                complain(
+                    f"{warm.name}={wanted} is more than the {held} healthy steps "
+                    f"{window.name} holds, so that check would never start: lower it or raise "
+                    f"{window.name}",
+                    f"the check starts once the window is full, after {held} steps",
+                )
+                fixed = replace(fixed, **{f"{check}_min_history": held})
+        return fixed
 
     def detector(self) -> Detector:
         """Fresh detectors with these thresholds."""
