@@ -18,6 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 CASES = """
+import os
 import subprocess
 import sys
 
@@ -49,6 +50,13 @@ def test_catches_the_refusal():
 @independent
 def test_starts_a_megatron_process():
     subprocess.run([sys.executable, "-c", "import megatron"], check=True)
+
+
+@independent
+def test_starts_a_megatron_process_with_its_own_pythonpath_and_no_titan_variables():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TITAN_")}
+    env["PYTHONPATH"] = "/nonexistent"
+    subprocess.run([sys.executable, "-c", "import megatron"], check=True, env=env)
 
 
 @independent
@@ -128,9 +136,14 @@ def test_a_marked_test_that_imports_megatron_fails_naming_the_marker(
 def test_a_marked_test_whose_child_imports_megatron_fails_naming_the_command(
     outcomes: dict[str, str],
 ) -> None:
-    says = outcomes["test_starts_a_megatron_process"]
-    assert "it started processes that imported megatron" in says
-    assert f"{sys.executable} -c" in says  # the record's command (-c hides its code)
+    for name in (
+        "test_starts_a_megatron_process",
+        # the venv's .pth still runs the probe; the tests' TITAN_*-free environments keep it
+        "test_starts_a_megatron_process_with_its_own_pythonpath_and_no_titan_variables",
+    ):
+        says = outcomes[name]
+        assert "it started processes that imported megatron" in says
+        assert f"{sys.executable} -c" in says  # the record's command (-c hides its code)
 
 
 def test_a_marked_test_in_a_module_importing_megatron_fails(outcomes: dict[str, str]) -> None:

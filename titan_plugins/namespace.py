@@ -31,7 +31,6 @@ OTHER_NAMES: dict[str, str] = {
     "TITAN_VERIFY_SKIP_FILE": "titan-plugins verify: the upstream tests a restarted job has done",
     "TITAN_VERIFY_MEGATRON_LM": "titan-plugins verify: the Megatron-LM checkout its workers use",
     "TITAN_VERIFY_FIXTURE_HANG": "the verify tests' fixture checkout: simulate a hung collective",
-    "TITAN_TEST_LINE_PROBE_DIR": "the test session: where children record their megatron imports",
 }
 _CORE_NAMES = frozenset(s.name for s in CORE_SETTINGS) | frozenset(OTHER_NAMES)
 

@@ -61,7 +61,10 @@ def pip_install(python: Path, *projects: Path | str, editable: bool = False) -> 
 
 
 def clean_env(extra: dict[str, str] | None = None, drop: Sequence[str] = ()) -> dict[str, str]:
-    """The current environment without TITAN_* / autoload switches, plus ``extra``."""
+    """The current environment without TITAN_* / autoload switches, plus ``extra``. The test
+    session's ``line_independent`` probe stays (``line_guard``): it watches, it switches nothing."""
+    from titan_plugins.testing.line_guard import PROBE_DIR, RECORD_DIR_VAR
+
     env = {
         k: v
         for k, v in os.environ.items()
@@ -69,4 +72,8 @@ def clean_env(extra: dict[str, str] | None = None, drop: Sequence[str] = ()) -> 
         and k not in ("TORCH_DEVICE_BACKEND_AUTOLOAD", "PYTHONPATH", *drop)
     }
     env.update(extra or {})
+    if os.environ.get(RECORD_DIR_VAR):
+        env[RECORD_DIR_VAR] = os.environ[RECORD_DIR_VAR]
+        rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join([*rest, str(PROBE_DIR)])
     return env

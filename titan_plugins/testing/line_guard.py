@@ -10,11 +10,14 @@ and then silently run on one line. So the claim is checked on every run of a mar
   imported them) and a finder refuses to import megatron, so the test sees what it would see
   alone. An attempt fails the test, even one the code caught. A marked test whose own module
   holds megatron objects fails at once. Everything is put back after the test.
-- **In the processes it starts**, a ``sitecustomize`` on ``PYTHONPATH`` (``_line_probe/``, set for
-  the whole session) writes one record into a session folder when a process first imports
-  megatron; a record that appears while a marked test runs fails that test. It covers every
-  Python child that inherits the session's ``PYTHONPATH`` (a child given an environment built
-  from scratch is outside it); a marked test must not build such children.
+- **In the processes it starts**, a probe (``_line_probe/install.py``) writes one record into a
+  session folder when a process first imports megatron; a record that appears while a marked
+  test runs fails that test. Every Python child of the test venv runs the probe through a
+  ``.pth`` file the session puts into the venv (inert unless ``_TITAN_LINE_PROBE_DIR`` is set),
+  and children of other venvs (``freshenv``) through the probe's ``sitecustomize`` on
+  ``PYTHONPATH``. The folder's variable does not start with ``TITAN_``, so the tests' usual
+  ``TITAN_*``-free environments keep it; a child given an environment built from scratch,
+  without it, is outside the check, and a marked test must not start such children.
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ from pathlib import Path
 from types import ModuleType
 
 MARKER = "line_independent"
-RECORD_DIR_VAR = "TITAN_TEST_LINE_PROBE_DIR"  # where children record their megatron imports
-PROBE_DIR = Path(__file__).resolve().parent / "_line_probe"  # holds the probe's sitecustomize
+RECORD_DIR_VAR = "_TITAN_LINE_PROBE_DIR"  # where children record their megatron imports
+PROBE_DIR = Path(__file__).resolve().parent / "_line_probe"  # the probe and its sitecustomize
+PTH_NAME = "titan_line_probe.pth"
 
 
 class MegatronImportRefused(ImportError):
@@ -115,9 +119,40 @@ def megatron_hidden(test: str, root: Path) -> Iterator[MegatronGuard]:
             setattr(parent, child, module)
 
 
+def _pth_line() -> str:
+    # ``site`` runs a .pth line that starts with ``import``; ``os`` is imported by then, so
+    # without the variable the line costs one lookup
+    install = PROBE_DIR / "install.py"
+    return (
+        f"import os; exec(compile(open({str(install)!r}).read(), {str(install)!r}, 'exec')) "
+        f"if os.environ.get({RECORD_DIR_VAR!r}) else None\n"
+    )
+
+
+def install_pth(site_packages: Path) -> bool:
+    """Put the probe's ``.pth`` into ``site_packages`` (the test venv's) unless it is there;
+    False where the folder cannot be written (the ``PYTHONPATH`` hook still serves)."""
+    pth = site_packages / PTH_NAME
+    line = _pth_line()
+    with contextlib.suppress(OSError):
+        if pth.read_text() == line:
+            return True
+    try:
+        partial = pth.with_name(f".{PTH_NAME}.{os.getpid()}")
+        partial.write_text(line)
+        partial.replace(pth)  # whole, for the interpreters that start meanwhile
+    except OSError:
+        return False
+    return True
+
+
 def start_child_probe() -> Path:
     """Arm the child-process probe for this session: a fresh record folder, named in the
-    environment, and the probe's folder first on ``PYTHONPATH``. Returns the folder."""
+    environment, the probe's ``.pth`` in this venv and its folder on ``PYTHONPATH``. Returns
+    the folder."""
+    import sysconfig
+
+    install_pth(Path(sysconfig.get_paths()["purelib"]))
     records = Path(tempfile.mkdtemp(prefix="titan-line-probe-"))
     os.environ[RECORD_DIR_VAR] = str(records)
     rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]

@@ -12,6 +12,7 @@ checks the claim and fails the test where it does not hold (``line_guard``).
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +36,13 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{line_guard.MARKER}: imports no megatron and starts no process that does (checked)",
     )
     config.stash[_RECORDS] = line_guard.start_child_probe()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the session's record folder (its children's records)."""
+    records = config.stash.get(_RECORDS, None)
+    if records is not None:
+        shutil.rmtree(records, ignore_errors=True)
 
 
 def _marked(item: pytest.Item) -> bool:

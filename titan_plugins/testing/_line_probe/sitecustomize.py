@@ -1,42 +1,30 @@
-"""Interpreter-start probe of the ``line_independent`` guard (``titan_plugins.testing.line_guard``):
-on a process's first import of megatron, write one record (the command) into the folder named by
-``TITAN_TEST_LINE_PROBE_DIR``, then chain to the ``sitecustomize`` this file shadows. Never
-raises; it only watches (the import goes on as usual)."""
+"""Interpreter-start hook of the ``line_independent`` guard (``titan_plugins.testing.line_guard``)
+for children that do not run the test venv's ``.pth`` (fresh venvs get this folder on
+``PYTHONPATH``): run the probe (``install.py``), then chain to the ``sitecustomize`` this file
+shadows. Never raises."""
 
 
 def _install() -> None:
     import os
-    import sys
+    import runpy
 
-    records = os.environ.get("TITAN_TEST_LINE_PROBE_DIR")
-    if not records:
-        return
-
-    class _Probe:
-        def find_spec(self, name: str, path: object = None, target: object = None) -> None:
-            if name == "megatron" or name.startswith("megatron."):
-                sys.meta_path.remove(self)  # one record a process: the first import says it
-                try:
-                    with open(os.path.join(records, str(os.getpid())), "w") as out:
-                        out.write(" ".join([sys.executable, *sys.argv]))
-                except OSError:
-                    pass  # the session ended and took its folder: nothing left to tell
-            return None
-
-    sys.meta_path.insert(0, _Probe())
+    runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "install.py"))
 
 
 def _chain() -> None:
-    # the same walk as entrypoints/_site/sitecustomize.py (titan-run's), which stays stdlib-only
-    # and self-contained so a broken titan install never stops a user's own sitecustomize
+    # the walk of entrypoints/_site/sitecustomize.py (titan-run's), which stays self-contained so
+    # a broken titan install never stops a user's own sitecustomize; this one looks only past its
+    # own folder, so two shadowing hooks (titan-run's before this) never run each other in turn
     import os
     import runpy
     import sys
 
     here = os.path.dirname(os.path.abspath(__file__))
-    for entry in sys.path:
+    entries = [os.path.abspath(entry) if entry else "" for entry in sys.path]
+    later = sys.path[entries.index(here) + 1 :] if here in entries else []
+    for entry in later:
         candidate = os.path.join(entry, "sitecustomize.py") if entry else ""
-        if candidate and os.path.abspath(entry) != here and os.path.isfile(candidate):
+        if candidate and os.path.isfile(candidate):
             try:
                 runpy.run_path(candidate, run_name="_titan_chained_sitecustomize")
             except Exception as err:
