@@ -64,6 +64,23 @@ def test_starts_a_plain_process():
     subprocess.run([sys.executable, "-c", "import json"], check=True)
 
 
+def test_unmarked_starts_a_pool(pool):
+    pool.run(line_guard.child_records, line_guard.PROBE_DIR)  # its workers imported megatron
+
+
+@independent
+def test_runs_a_task_on_a_pool_started_before(pool):
+    pool.run(line_guard.child_records, line_guard.PROBE_DIR)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    from titan_plugins.testing.workers import GlooWorkerPool
+
+    with GlooWorkerPool(1) as workers:
+        yield workers
+
+
 def test_unmarked_imports_megatron():
     import megatron
 
@@ -123,13 +140,14 @@ def test_an_honest_marked_test_passes(outcomes: dict[str, str]) -> None:
     assert outcomes["test_honest"] == "passed"
     assert outcomes["test_starts_a_plain_process"] == "passed"
     assert outcomes["test_unmarked_imports_megatron"] == "passed"
+    assert outcomes["test_unmarked_starts_a_pool"] == "passed"
 
 
 def test_a_marked_test_that_imports_megatron_fails_naming_the_marker(
     outcomes: dict[str, str],
 ) -> None:
     for name in ("test_imports_megatron", "test_catches_the_refusal"):
-        assert "is marked line_independent, but it tried to import megatron" in outcomes[name]
+        assert "is marked line_independent, but it reached megatron" in outcomes[name]
         assert "remove the line_independent marker" in outcomes[name]
 
 
@@ -144,6 +162,13 @@ def test_a_marked_test_whose_child_imports_megatron_fails_naming_the_command(
         says = outcomes[name]
         assert "it started processes that imported megatron" in says
         assert f"{sys.executable} -c" in says  # the record's command (-c hides its code)
+
+
+def test_a_marked_test_using_a_worker_that_imported_megatron_before_fails(
+    outcomes: dict[str, str],
+) -> None:
+    says = outcomes["test_runs_a_task_on_a_pool_started_before"]
+    assert "it reached a gloo worker task (child_records)" in says
 
 
 def test_a_marked_test_in_a_module_importing_megatron_fails(outcomes: dict[str, str]) -> None:

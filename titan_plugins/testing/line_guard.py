@@ -73,7 +73,8 @@ def megatron_bound(root: Path) -> set[str]:
 
 class MegatronGuard:
     """A ``sys.meta_path`` finder, first on the path while a marked test runs, that refuses
-    megatron and remembers every attempt (code may catch the ImportError and go on)."""
+    megatron and remembers every attempt (code may catch the ImportError and go on), and every
+    task sent to a process that has megatron imported already (``note_megatron_use``)."""
 
     def __init__(self, test: str) -> None:
         self.test = test
@@ -88,6 +89,17 @@ class MegatronGuard:
                 f"runs on every Megatron line, so remove the {MARKER} marker"
             )
         return None
+
+
+_ACTIVE: list[MegatronGuard] = []  # the guard of the marked test running now, if any
+
+
+def note_megatron_use(what: str) -> None:
+    """Tell the guard of a running marked test that it reached megatron through ``what``: a
+    long-lived process that imported megatron before the test (a session's gloo worker pool)
+    imports nothing new, so its probe has nothing to record."""
+    for guard in _ACTIVE:
+        guard.attempts.append(what)
 
 
 @contextlib.contextmanager
@@ -107,9 +119,11 @@ def megatron_hidden(test: str, root: Path) -> Iterator[MegatronGuard]:
             detached.append((parent, child, module))
     guard = MegatronGuard(test)
     sys.meta_path.insert(0, guard)
+    _ACTIVE.append(guard)
     try:
         yield guard
     finally:
+        _ACTIVE.remove(guard)
         with contextlib.suppress(ValueError):
             sys.meta_path.remove(guard)
         for name in [name for name in sys.modules if _is_megatron(name) or name in hidden]:

@@ -85,7 +85,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     if module is not None and line_guard.holds_megatron(module):
         problems.append("its module imports megatron at its top")
     if guard.attempts:
-        problems.append(f"it tried to import {', '.join(sorted(set(guard.attempts)))}")
+        problems.append(f"it reached {', '.join(sorted(set(guard.attempts)))}")
     if new:
         detail = line_guard.describe_records(records_dir, new)
         problems.append(f"it started processes that imported megatron:\n{detail}")

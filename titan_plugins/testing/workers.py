@@ -29,6 +29,7 @@ from multiprocessing import forkserver
 from multiprocessing.connection import wait
 from typing import Any
 
+from titan_plugins.testing import line_guard
 from titan_plugins.testing._worker_process import FunctionRef, worker_main
 from titan_plugins.testing.activation import environ
 
@@ -251,6 +252,8 @@ class GlooWorkerPool:
         """
         ref = _function_ref(fn)
         request = pickle.dumps(("run", ref, args, kwargs))  # fails here, before any rank starts
+        # every worker imports megatron.core: a line_independent test must not get here
+        line_guard.note_megatron_use(f"a gloo worker task ({ref[1]})")
         with self._lock:
             if not all(proc.is_alive() for proc in self._procs):
                 self._teardown()  # a worker died while idle: rebuild the whole world
