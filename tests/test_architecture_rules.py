@@ -24,6 +24,9 @@ from pathlib import Path
 
 import pytest
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 ROOT = Path(__file__).resolve().parents[1]
 CORE = "titan_plugins"
 
@@ -394,7 +397,6 @@ def circles(root: Path) -> list[str]:
     return found
 
 
-@pytest.mark.line_independent  # AST only: no megatron, no process
 def test_no_distribution_import_graph_has_a_cycle() -> None:
     distributions = distribution_modules(ROOT)
     core = module_graph(distributions["titan-plugins (the core)"])
@@ -486,7 +488,6 @@ def circular_distributions(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.mark.line_independent  # AST only: no megatron, no process
 def test_each_distribution_is_checked_for_circles_of_its_own(circular_distributions: Path) -> None:
     modules = distribution_modules(circular_distributions)
     assert {name: sorted(found) for name, found in modules.items()} == {

@@ -14,6 +14,9 @@ import torch
 
 from titan_plugins.saved_tensors import is_activation, mark_activation
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 INSTALLED = {ep.name for ep in metadata.entry_points(group="titan_plugins")}
 both = pytest.mark.skipif(
     not {"act_offload", "fp8_blockwise"} <= INSTALLED,

@@ -12,6 +12,9 @@ from titan_plugins import activation, arming, autoload, hookimpl
 from titan_plugins.patching import APPLIED, Patch
 from titan_plugins.testing import fake_entry_point, fake_module
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 
 def _returning(patch_id: str, target: str, value: str) -> Patch:
     """A test patch replacing the function at ``target`` by one that returns ``value``."""

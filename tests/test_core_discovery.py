@@ -11,6 +11,9 @@ from titan_plugins.manager import DISABLED, ENABLED, FAILED, get_plugin_manager
 from titan_plugins.patching import Patch
 from titan_plugins.testing import fake_entry_point, fake_module
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 
 @pytest.fixture
 def plugins(monkeypatch, tmp_path):

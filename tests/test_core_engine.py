@@ -21,6 +21,9 @@ from titan_plugins.patching import (
     PatchWatcher,
 )
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 
 @pytest.fixture
 def pkg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

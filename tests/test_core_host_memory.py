@@ -10,6 +10,9 @@ import torch
 
 from titan_plugins import host_memory
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 
 @pytest.fixture(autouse=True)
 def small_limit(monkeypatch):

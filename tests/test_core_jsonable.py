@@ -7,7 +7,12 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from titan_plugins.jsonable import jsonable
+
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
 
 
 @dataclass

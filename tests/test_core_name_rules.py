@@ -6,7 +6,12 @@ from __future__ import annotations
 import itertools
 import re
 
+import pytest
+
 from titan_plugins import settings, switches
+
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
 
 # every string up to length 4 over an alphabet with each character class the rules tell apart
 ALPHABET = "aZ0_-.é "

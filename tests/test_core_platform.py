@@ -11,6 +11,9 @@ import torch
 from titan_plugins import platform
 from titan_plugins.testing import fake_module
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 
 @pytest.fixture
 def musa(monkeypatch):

@@ -10,6 +10,9 @@ import pytest
 from titan_plugins.settings import BYTES, Setting, SettingError, parse_bytes
 from titan_plugins.switches import disabled_reasons, plugin_switch_var
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 INSTALLED = ["fp8_blockwise", "moe_ep_overlap", "act_offload"]
 SWITCH_VARS = (
     "TITAN_PLUGINS",

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 loadguard = importlib.import_module("loadguard")
 

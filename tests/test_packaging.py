@@ -35,6 +35,9 @@ from packaging.specifiers import SpecifierSet
 from titan_plugins import hookspecs
 from titan_plugins.patching import Patch
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "core-api.md"
 DISTRIBUTIONS = [ROOT] + sorted(

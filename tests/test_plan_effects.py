@@ -16,6 +16,9 @@ from titan_plugins.plan.memory import stage_memory, stage_schedule
 from titan_plugins.plan.report import build_report, render_text
 from titan_plugins.testing import fake_entry_point, fake_module
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 SMALL = (
     "--num-layers 4 --hidden-size 512 --num-attention-heads 4 --seq-length 512 "
     "--micro-batch-size 1 --vocab-size 128 --bf16 --pipeline-model-parallel-size 4 "

@@ -16,6 +16,9 @@ import torch
 from titan_plugins.transport import mooncake
 from titan_plugins.transport.mooncake import MooncakeEngine, coalesced
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 
 class Settings(NamedTuple):
     protocol: str = "tcp"

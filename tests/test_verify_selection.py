@@ -38,6 +38,9 @@ from titan_plugins.testing import environ
 from titan_plugins.verify import selection
 from titan_plugins.verify.selection import DATA_FILE, Selection, SelectionError, UpstreamTest
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = "megatron_lm_tests"
 CORE = "core"

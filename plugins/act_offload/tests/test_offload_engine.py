@@ -13,6 +13,9 @@ from titan_act_offload.settings import OffloadSettings
 
 from titan_plugins import platform
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 HIDDEN, FFN, TOKENS = 64, 256, 8
 
 

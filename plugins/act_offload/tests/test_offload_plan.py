@@ -16,6 +16,9 @@ from titan_act_offload.plan import (
 )
 from titan_act_offload.records import dense_span
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 
 def _order(events: list[Event]) -> str:
     return " ".join(f"{e.kind}{e.unit.chunk}{e.unit.microbatch}" for e in events)

@@ -13,6 +13,9 @@ from titan_fp8_blockwise.patches import _wrap_get_fp8_context
 from titan_plugins import platform
 from titan_plugins.settings import SettingError
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch):

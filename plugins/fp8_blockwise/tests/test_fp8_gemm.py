@@ -9,6 +9,9 @@ import torch
 from titan_fp8_blockwise import gemm as gemm_mod
 from titan_fp8_blockwise.quantize import quantize_blocks, quantize_tiles
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 
 def _fake_scaled_mm(accepts: int, calls: list):
     """Block-scaled ``a @ b`` that understands only layout ``accepts`` of ``gemm._LAYOUTS``."""

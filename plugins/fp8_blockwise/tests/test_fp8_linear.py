@@ -24,6 +24,9 @@ from titan_fp8_blockwise.linear import fp8_linear
 from titan_fp8_blockwise.quantize import dequantize, quantize_blocks, quantize_tiles
 from titan_fp8_blockwise.recipe import BlockwiseRecipe
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
 

@@ -14,6 +14,9 @@ import torch
 from titan_fp8_blockwise.recipe import BlockwiseRecipe
 from titan_fp8_blockwise.swiglu_store import _swiglu, stored_swiglu
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b).norm() / b.norm()).item()

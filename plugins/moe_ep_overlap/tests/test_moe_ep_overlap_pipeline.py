@@ -11,6 +11,9 @@ import pytest
 import torch
 from titan_moe_ep_overlap.overlap import ChunkedExperts
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 
 class _Event:
     def __init__(self, log: list, name: str) -> None:

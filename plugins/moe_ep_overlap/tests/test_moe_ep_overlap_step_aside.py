@@ -14,6 +14,9 @@ import pytest
 import torch
 from titan_moe_ep_overlap import bindings, moe_forward, plugin, stats, step_aside, upstream_paths
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 
 def _parallel_state(tp: int, ep: int, initialized: bool = True) -> SimpleNamespace:
     return SimpleNamespace(

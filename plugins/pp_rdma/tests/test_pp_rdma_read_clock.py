@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 from titan_pp_rdma.read_clock import READ_LATENCY_S, ReadClock
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 KIB, MIB = 1 << 10, 1 << 20
 
 

@@ -31,6 +31,9 @@ from titan_pp_rdma.ops import Link
 from titan_pp_rdma.transport import MooncakeTransport
 from titan_pp_rdma.wire import BWD, FWD
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 INLINE = 64 << 10  # the default TITAN_PP_RDMA_INLINE_BYTES
 
 

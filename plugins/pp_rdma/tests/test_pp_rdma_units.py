@@ -12,6 +12,9 @@ from titan_pp_rdma.wire import decode, describe_key, encode, key_nbytes, parse_k
 
 from titan_plugins.settings import SettingError, problems
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 
 @pytest.mark.parametrize(
     ("shape", "dtype", "nbytes"),

@@ -21,6 +21,9 @@ from titan_trace_analysis import cli
 from titan_trace_analysis.reader import TraceReader
 from titan_trace_analysis.summarize import summarize
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 
 def _text(path: Path) -> str:
     with gzip.open(path, "rt") as fh:

@@ -22,6 +22,9 @@ from titan_trace_analysis.kinds import COMPUTE, kernel_class
 from titan_trace_analysis.reader import TraceReader
 from titan_trace_analysis.summarize import Options, summarize
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 BIG = "1" + "0" * 399  # a 400-digit timestamp
 
 

@@ -12,6 +12,9 @@ import pytest
 from titan_trace_analysis.discover import find_traces
 from titan_trace_analysis.engine import EngineError, run_map
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 
 def _small_set(root: Path) -> list[str]:
     gen_traces.generate(

@@ -10,8 +10,12 @@ import sys
 from pathlib import Path
 
 import gen_traces
+import pytest
 from titan_trace_analysis import fastpath
 from titan_trace_analysis.summarize import Options, summarize
+
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
 
 TOOLS = str(Path(__file__).resolve().parents[1] / "tools")
 NO_FAST = """

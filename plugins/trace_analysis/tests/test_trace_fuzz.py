@@ -15,6 +15,10 @@ import sys
 from pathlib import Path
 
 import gen_traces
+import pytest
+
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
 
 DATA = Path(__file__).resolve().parent / "data" / "hta"
 MEMORY_CAP = 1536 << 20  # bytes of address space for the analyzer process

@@ -8,6 +8,9 @@ import random
 import pytest
 from titan_trace_analysis import intervals as iv
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 
 def _reference_union(pairs: list[tuple[float, float]], gap: float) -> list[list[float]]:
     out: list[list[float]] = []

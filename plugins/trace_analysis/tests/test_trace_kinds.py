@@ -6,6 +6,9 @@ from __future__ import annotations
 import pytest
 from titan_trace_analysis import kinds
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 
 @pytest.mark.parametrize(
     ("name", "cat", "expected"),

@@ -21,6 +21,9 @@ from titan_trace_analysis.reader import TraceError, TraceReader
 from titan_trace_analysis.source import INFLATE_CHUNK
 from titan_trace_analysis.summarize import Options, summarize
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 MIB = 1 << 20
 EVENT_LIMIT = 16 * MIB  # the documented default
 

@@ -30,6 +30,9 @@ from titan_trace_analysis.ops import GPU_CATS, Op, OpBuilder
 from titan_trace_analysis.reader import MAX_STRING, TraceReader
 from titan_trace_analysis.summarize import Options, summarize
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 HTA = Path(__file__).resolve().parent / "data" / "hta"
 
 

@@ -14,6 +14,9 @@ import pytest
 from titan_trace_analysis import cli
 from titan_trace_analysis.merged_trace import TID_BUBBLE, TID_PATH
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 
 def _chromium() -> str | None:
     """A headless Chromium that starts here (the probe), or None."""

@@ -11,7 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from setuptools import find_packages
+
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
 
 PLUGIN = Path(__file__).resolve().parents[1]
 PACKAGE = PLUGIN / "titan_trace_analysis"

@@ -21,6 +21,9 @@ import pytest
 from titan_trace_analysis import cli
 from titan_trace_analysis.summarize import Options, summarize
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 DATA = Path(__file__).resolve().parent / "data" / "hta"
 HTA = json.loads((DATA / "hta_0.5.0_temporal.json").read_text())["results"]
 FILES = sorted(HTA)

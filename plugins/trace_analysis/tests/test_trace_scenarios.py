@@ -14,6 +14,9 @@ import gen_traces
 import pytest
 from titan_trace_analysis import cli
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 BASE = ["--layers", "1", "--microbatches", "4", "--steps", "3"]
 
 

@@ -15,6 +15,9 @@ import pytest
 from titan_trace_analysis import cli
 from titan_trace_analysis.analyze import analyze
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 SETS = {
     # ranks: generator arguments (slow rank placed away from the default)
     8: ["--ranks", "8", "--layers", "1", "--microbatches", "4", "--steps", "3", "--slow-ranks", "5"],

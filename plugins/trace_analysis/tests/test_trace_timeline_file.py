@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 from titan_trace_analysis import lateness, timeline_file
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 
 def _steps() -> dict:
     return {

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import ctypes
 
+import pytest
 import torch
 from blake3 import blake3
 from titan_weight_sync import layout
 from titan_weight_sync.streaming import StreamingWriter, chunks
+
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
 
 
 def test_pieces_cover_every_byte_once_and_stay_within_the_limit() -> None:

@@ -18,6 +18,9 @@ from titan_weight_sync.trainer_side import Landings, LandingWriter, WeightSync
 from titan_plugins import host_memory
 from titan_plugins.transport import auth
 
+# imports no megatron and starts no process that does: one line runs it (checked)
+pytestmark = pytest.mark.line_independent
+
 SECRET = bytes(range(32))
 OTHER = bytes(32)
 
