@@ -2,9 +2,10 @@
 layout (``--report``, ``--inject-fault``, ``NPROC=2``, ``--pp 1 --ep 2``, ``--pp 2 --ep 1``,
 ``--vpp 2``), judged by what the job printed and by its JSON report after the run.
 
-Each run starts torchrun with 2 or 4 CPU workers (30-60 s on 2 cores), so the runs combine
-options where one run can judge several; the layout rules themselves are unit-tested below
-without processes.
+Each run starts torchrun with 2 or 4 CPU workers (30-60 s on 2 cores), so there is one run per
+layout and each combines the options it can judge (the report, trace capture and an injected
+fault: 4 runs where there were 7); the layout rules themselves are unit-tested below without
+processes.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -123,14 +125,34 @@ def test_preflight_passes_every_other_argument_through_quoted(capsys: Any) -> No
 # ---------------------------------------------------------------------------------- the runs
 
 
+# One run per layout, each judging every option it can: the report, trace capture and an
+# injected fault share a run (each launch costs 30-60 s of start-up on 2 cores).
+
+
+def _fault_rolled_back(text: str, data: dict[str, Any], step: int, steps: int, ranks: int) -> None:
+    """``--inject-fault STEP`` (README: watch rewind roll back and go on). Below step 5 with the
+    defaults the only target is the starting state (steps 1 and 3 used to stop every rank with
+    'nothing to roll back to'); at step 8 it is the snapshot of step 0, stable after step 5."""
+    assert _effects(data, "rewind", "rewinds") == [1] * ranks
+    assert _effects(data, "rewind", "last_rewind_step") == [step] * ranks
+    restored = -1 if step < 6 else 0  # -1: the starting state, before step 0
+    assert _effects(data, "rewind", "last_restored_step") == [restored] * ranks
+    assert f"rewind: step {step}: nonfinite_loss" in text
+    assert f"trained {steps} steps" in text
+    losses = [float(line.split()[3]) for line in text.splitlines() if line.startswith("step ")]
+    assert len(losses) == steps
+    assert all(math.isfinite(x) for i, x in enumerate(losses) if i != step)
+
+
 @pytest.mark.multiprocess
 def test_default_demo_writes_a_strict_json_report_with_every_plugins_work(tmp_path: Path) -> None:
-    """README: ``./scripts/demo.sh --steps 6 --report PATH`` (it crashed after training)."""
-    code, text, data = _demo(tmp_path, "--steps", "6")
+    """README: ``./scripts/demo.sh --steps N --report PATH`` (it crashed after training), with
+    trace capture and ``--inject-fault 8`` in the same run."""
+    code, text, data = _demo(tmp_path, "--steps", "10", "--inject-fault", "8")
     assert code == 0, text[-3000:]
     assert data is not None and len(data["effects_per_rank"]) == 4
     assert "layout: --pp 2 --ep 2 on 4 processes" in text
-    assert _effects(data, "rewind", "steps_checked") == [6] * 4
+    assert _effects(data, "rewind", "steps_checked") == [10] * 4
     assert all(n > 0 for n in _effects(data, "fp8_blockwise", "fp8_gemms"))
     assert all(n > 0 for n in _effects(data, "pp_rdma", "inline_messages"))
     assert all(n > 0 for n in _effects(data, "moe_ep_overlap", "api_dispatches"))
@@ -143,21 +165,28 @@ def test_default_demo_writes_a_strict_json_report_with_every_plugins_work(tmp_pa
     # The trace summary still follows the report.
     assert text.index("report written to") < text.index("trace analysis of the captured steps")
     assert "4 ranks analysed" in text
+    _fault_rolled_back(text, data, step=8, steps=10, ranks=4)
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(
-    ("args", "layout"),
-    [((), "--pp 2 --ep 1"), (("--pp", "2", "--ep", "1", "--vpp", "2"), "--pp 2 --ep 1 --vpp 2")],
+    ("args", "layout", "fault", "steps"),
+    [
+        ((), "--pp 2 --ep 1", 1, 4),
+        (("--pp", "2", "--ep", "1", "--vpp", "2"), "--pp 2 --ep 1 --vpp 2", 3, 5),
+    ],
     ids=["NPROC=2", "pp2-ep1-vpp2"],
 )
 def test_two_pipeline_stages_without_expert_parallelism(
-    tmp_path: Path, args: tuple[str, ...], layout: str
+    tmp_path: Path, args: tuple[str, ...], layout: str, fault: int, steps: int
 ) -> None:
     """``NPROC=2 ./scripts/demo.sh`` (the README's example failed inside Megatron) picks PP=2 x
     EP=1; there, and with ``--pp 2 --ep 1 --vpp 2`` (flex was asserted by Megatron), the demo keeps
-    alltoall where Megatron refuses flex, and moe_ep_overlap says that it stands aside."""
-    code, text, data = _demo(tmp_path, "--steps", "3", *args, nproc=2)
+    alltoall where Megatron refuses flex, and moe_ep_overlap says that it stands aside. Each run
+    also rolls back a fault injected before rewind's first stable snapshot."""
+    code, text, data = _demo(
+        tmp_path, "--steps", str(steps), "--inject-fault", str(fault), *args, nproc=2
+    )
     assert code == 0, text[-3000:]
     assert f"layout: {layout} on 2 processes" in text
     assert data is not None
@@ -165,7 +194,8 @@ def test_two_pipeline_stages_without_expert_parallelism(
     assert _effects(data, "moe_ep_overlap", "api_dispatches") == [None, None]  # no zero rows
     assert "stepped aside: TP x EP = 1" in text
     assert all(n > 0 for n in _effects(data, "pp_rdma", "inline_messages"))
-    assert _effects(data, "rewind", "steps_checked") == [3, 3]
+    assert _effects(data, "rewind", "steps_checked") == [steps, steps]
+    _fault_rolled_back(text, data, step=fault, steps=steps, ranks=2)
 
 
 @pytest.mark.multiprocess
@@ -180,30 +210,6 @@ def test_two_processes_expert_parallel_only(tmp_path: Path) -> None:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize(("step", "steps"), [(1, 4), (3, 5), (8, 10)])
-def test_an_injected_fault_is_rolled_back_and_training_goes_on(
-    tmp_path: Path, step: int, steps: int
-) -> None:
-    """``--inject-fault STEP`` (README: watch rewind roll back and go on). Below step 5 with the
-    defaults the only target is the starting state (steps 1 and 3 used to stop every rank with
-    'nothing to roll back to'); at step 8 it is the snapshot of step 0, stable after step 5."""
-    code, text, data = _demo(
-        tmp_path, "--steps", str(steps), "--inject-fault", str(step), "--trace-steps", "none"
-    )
-    assert code == 0, text[-3000:]
-    assert data is not None
-    assert _effects(data, "rewind", "rewinds") == [1] * 4
-    assert _effects(data, "rewind", "last_rewind_step") == [step] * 4
-    restored = -1 if step < 6 else 0  # -1: the starting state, before step 0
-    assert _effects(data, "rewind", "last_restored_step") == [restored] * 4
-    assert f"rewind: step {step}: nonfinite_loss" in text
-    assert f"trained {steps} steps" in text
-    losses = [float(line.split()[3]) for line in text.splitlines() if line.startswith("step ")]
-    assert len(losses) == steps
-    assert all(math.isfinite(x) for i, x in enumerate(losses) if i != step)
-
-
-@pytest.mark.multiprocess
 def test_nothing_to_roll_back_ends_the_job_with_one_message(tmp_path: Path) -> None:
     """With a host budget too small for any snapshot, a NaN cannot be rolled back: one message
     naming the step and the knob, exit 3, no traceback from any rank."""
@@ -214,9 +220,16 @@ def test_nothing_to_roll_back_ends_the_job_with_one_message(tmp_path: Path) -> N
     )  # fmt: skip
     assert code == 3, text[-3000:]
     assert "Traceback" not in text and "ChildFailedError" not in text
-    messages = [line for line in text.splitlines() if line.startswith("RewindError:")]
-    assert len(messages) == 1, text[-3000:]
-    assert "step 1" in messages[0] and "TITAN_REWIND_MAX_HOST_BYTES" in text
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("RewindError:")]
+    assert len(starts) == 1, text[-3000:]
+    # the message leads with the last steps' losses, then names the step and the knob
+    message = lines[starts[0] :]
+    assert "the last 2 step(s) before the stop" in message[0]
+    assert re.fullmatch(r"  step 0: loss \d+\.\d+, grad norm \d+\.\d+", message[1]), message
+    assert message[2] == "  step 1: loss nan/inf, grad norm nan/inf (nonfinite_loss)"
+    assert message[3].startswith("rewind: step 1: nonfinite_loss nan, and nothing to roll back")
+    assert "TITAN_REWIND_MAX_HOST_BYTES" in text
 
 
 if __name__ == "__main__":
