@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
 # The project's test command (README; .ci/run calls exactly this): ruff check and ruff format
-# --check, then the whole pytest suite on each fully tested Megatron line (FULL_LINES: 0.19.2, the
+# --check, then the pytest suite on each fully tested Megatron line (FULL_LINES: 0.19.2, the
 # current release, and 0.16.1, the line slime and miles run), and the line checks, the
 # composition matrix and the demo on the lines between (SOME_LINES: 0.17.1 and 0.18.2). Each line
-# has its own venv (scripts/megatron_line.sh). With MEGATRON_CORE set, only that line runs, with
-# the pytest arguments given (e.g. MEGATRON_CORE=0.18.2 ./scripts/test.sh -q tests/test_demo.py).
+# has its own venv (scripts/megatron_line.sh). Each test runs where it can fail differently: the
+# first full line runs every test; the other full lines run every test except those marked
+# ``line_independent`` (they import no megatron and start no process that does, so their outcome
+# cannot depend on the line; the marker is checked on every run, titan_plugins/testing/line_guard.py).
+# With MEGATRON_CORE set, only that line runs, with the pytest arguments given (e.g.
+# MEGATRON_CORE=0.18.2 ./scripts/test.sh -q tests/test_demo.py).
+# --quick: the inner loop (at most 5 minutes on 2 cores): lint, then on the default line the
+# activation, settings, line and architecture checks and one patched Megatron training run per
+# plugin (the composition matrix); QUICK_TESTS below.
 # The SGLang legs: the tests marked ``sglang`` (CPU SGLang engines started from the SGLang venv of
 # 0.5.23 and of 0.5.15.post1, scripts/sglang_env.sh; the trainer side in the default line's venv)
 # run once per release, after the lines. While the first leg's tests run, the later legs' venvs
-# get their pinned packages in the background (prepare_later_venvs below).
+# get their pinned packages in the background (prepare_later_venvs below). Each leg ends with its
+# 25 slowest tests; the run closes with each leg's pytest and wall time and one summed line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FULL_LINES=${FULL_LINES:-0.19.2 0.16.1}
@@ -18,6 +26,26 @@ SOME_TESTS=(
   tests/test_compose_matrix.py
   tests/test_demo.py::test_default_demo_writes_a_strict_json_report_with_every_plugins_work
 )
+
+QUICK_TESTS=(
+  tests/test_core_activation.py
+  tests/test_core_switches.py
+  tests/test_core_settings_values.py
+  tests/test_core_strict.py
+  tests/test_architecture_rules.py
+  tests/test_line_guard.py
+  tests/test_megatron_lines.py
+  tests/test_compose_matrix.py
+)
+
+if [ "${1:-}" = --quick ]; then
+  shift
+  . scripts/megatron_line.sh
+  ./scripts/bootstrap.sh
+  "$VENV/bin/ruff" check .
+  "$VENV/bin/ruff" format --check .
+  exec "$VENV/bin/python" -m pytest --durations=10 "$@" "${QUICK_TESTS[@]}"
+fi
 
 if [ -n "${MEGATRON_CORE:-}" ]; then
   . scripts/megatron_line.sh
@@ -57,6 +85,7 @@ SGLANG_RELEASES="0.5.23 0.5.15.post1" # 0.5.23 and slime's pin (weight_sync's en
 status=0
 first=1
 for line in $FULL_LINES $SOME_LINES; do
+  leg_start=$SECONDS
   [ "$first" = 1 ] || wait_prepared "$line"
   MEGATRON_CORE=$line ./scripts/bootstrap.sh
   venv=$(MEGATRON_CORE=$line bash -c '. scripts/megatron_line.sh; echo "$VENV"')
@@ -69,14 +98,21 @@ for line in $FULL_LINES $SOME_LINES; do
     "$venv/bin/ruff" format --check .
     first=0
   fi
-  case " $FULL_LINES " in *" $line "*) tests=(-m "not sglang" "$@") ;; *) tests=("$@" "${SOME_TESTS[@]}") ;; esac
+  # the first full line runs every test; a later one leaves out what cannot fail differently there
+  case " $FULL_LINES " in
+    " $line "*) tests=(-m "not sglang" "$@") ;;
+    *" $line "*) tests=(-m "not sglang and not line_independent" "$@") ;;
+    *) tests=("$@" "${SOME_TESTS[@]}") ;;
+  esac
   echo "== megatron-core $line ($venv): pytest ${tests[*]:-(the whole suite)}" >&2
   # MEGATRON_CORE tells what the tests start (scripts/demo.sh) which line this leg is.
-  MEGATRON_CORE=$line "$venv/bin/python" -m pytest --durations=20 --junitxml="$results/$line.xml" "${tests[@]}" || status=$?
+  MEGATRON_CORE=$line "$venv/bin/python" -m pytest --durations=25 --junitxml="$results/$line.xml" "${tests[@]}" || status=$?
+  echo "$line $((SECONDS - leg_start))" >>"$results/walls"
 done
 if [ "${SGLANG_LEG:-1}" = 1 ]; then
   venv=$(bash -c '. scripts/megatron_line.sh; echo "$VENV"')
   for release in $SGLANG_RELEASES; do
+    leg_start=$SECONDS
     wait_prepared "sglang-$release"
     # each release's own venv (a SGLANG_VENV from the caller would hold one release only)
     if ! SGLANG_VENV= SGLANG_RELEASE=$release ./scripts/sglang_env.sh; then
@@ -87,15 +123,19 @@ if [ "${SGLANG_LEG:-1}" = 1 ]; then
     echo "== SGLang $release ($sglang_venv) with megatron-core $(bash -c '. scripts/megatron_line.sh; echo "$MEGATRON_CORE"') trainers: pytest -m sglang" >&2
     # absolute: the benchmark test runs its script from benchmarks/
     TITAN_SGLANG_PYTHON=$(cd "$sglang_venv" && pwd)/bin/python "$venv/bin/python" -m pytest \
-      --durations=10 --junitxml="$results/sglang-$release.xml" -m sglang "$@" || status=$?
+      --durations=25 --junitxml="$results/sglang-$release.xml" -m sglang "$@" || status=$?
+    echo "sglang-$release $((SECONDS - leg_start))" >>"$results/walls"
   done
 fi
 # One closing line for the whole run, summed over every line's pytest.
-# Each leg's pytest time and the whole run's wall time: CI's budget is 60 minutes for all legs.
+# Each leg's pytest and wall time (its venv's wait and bootstrap included) and the whole run's
+# wall time: all legs together must stay under 40 minutes on CI's 2 cores.
 python3 - "$results" "$SECONDS" <<'PY'
 import pathlib, sys, xml.etree.ElementTree as ET
 total = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
 pytest_s = 0.0
+walls_file = pathlib.Path(sys.argv[1]) / "walls"
+walls = dict(line.split() for line in walls_file.read_text().splitlines()) if walls_file.exists() else {}
 for path in sorted(pathlib.Path(sys.argv[1]).glob("*.xml")):
     for suite in ET.parse(path).getroot().iter("testsuite"):
         for key in total:
@@ -104,8 +144,9 @@ for path in sorted(pathlib.Path(sys.argv[1]).glob("*.xml")):
         leg = f"SGLang {name[7:]}" if name.startswith("sglang-") else f"megatron-core {name}"
         seconds = float(suite.get("time", 0))
         pytest_s += seconds
+        wall = f", {walls[name]} s wall" if name in walls else ""
         print(f"{leg}: {suite.get('tests')} tests, {suite.get('failures')} failed, "
-              f"{suite.get('errors')} errors, {suite.get('skipped')} skipped in {seconds:.0f} s")
+              f"{suite.get('errors')} errors, {suite.get('skipped')} skipped in {seconds:.0f} s{wall}")
 failed = total["failures"] + total["errors"]
 passed = total["tests"] - failed - total["skipped"]
 print(f"total: {passed} passed, {failed} failed, {total['skipped']} skipped; "
