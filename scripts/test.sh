@@ -11,7 +11,7 @@
 # MEGATRON_CORE=0.18.2 ./scripts/test.sh -q tests/test_demo.py).
 # --quick: the inner loop (at most 5 minutes on 2 cores): lint, then on the default line the
 # activation, settings, line and architecture checks and one patched Megatron training run per
-# plugin (the composition matrix); QUICK_TESTS below.
+# plugin (the composition matrix; QUICK_TESTS below), then every test marked line_independent.
 # The SGLang legs: the tests marked ``sglang`` (CPU SGLang engines started from the SGLang venv of
 # 0.5.23 and of 0.5.15.post1, scripts/sglang_env.sh; the trainer side in the default line's venv)
 # run once per release, after the lines. While the first leg's tests run, the later legs' venvs
@@ -44,7 +44,9 @@ if [ "${1:-}" = --quick ]; then
   ./scripts/bootstrap.sh
   "$VENV/bin/ruff" check .
   "$VENV/bin/ruff" format --check .
-  exec "$VENV/bin/python" -m pytest --durations=10 "$@" "${QUICK_TESTS[@]}"
+  "$VENV/bin/python" -m pytest --durations=10 "$@" "${QUICK_TESTS[@]}"
+  # and every plugin's and the core's unit tests that need no megatron (seconds each)
+  exec "$VENV/bin/python" -m pytest --durations=10 -m "line_independent and not sglang" "$@"
 fi
 
 if [ -n "${MEGATRON_CORE:-}" ]; then
