@@ -15,8 +15,9 @@ from titan_plugins.testing.training_runs import imported_megatron
 from titan_plugins.verify import differential, upstream
 
 INSTALLED = Path(megatron.core.__file__).parent.parent
-MARKED = "0.19.77"
-"""The version of the marked copy: a served line (0.19), a patch release no wheel has."""
+LINE = megatron.core.package_info.__version__.split("+")[0].rsplit(".", 1)[0]  # e.g. 0.19
+MARKED = f"{LINE}.77"
+"""The version of the marked copy: this venv's line, a patch release no wheel has."""
 
 
 def marked_checkout(root: Path) -> Path:
@@ -27,8 +28,9 @@ def marked_checkout(root: Path) -> Path:
     shutil.copytree(INSTALLED, checkout / "megatron", ignore=shutil.ignore_patterns("__pycache__"))
     info = checkout / "megatron" / "core" / "package_info.py"
     text = info.read_text()
-    assert "MINOR = 19\nPATCH = 2\n" in text  # the copy is of the line this venv serves
-    info.write_text(text.replace("PATCH = 2\n", "PATCH = 77\n"))
+    patch = re.search(r"^PATCH = (\d+)$", text, re.M)
+    assert patch, "package_info.py names no PATCH"  # the copy is of the line this venv serves
+    info.write_text(text[: patch.start()] + "PATCH = 77" + text[patch.end() :])
     tests = checkout / "tests" / "unit_tests"
     tests.mkdir(parents=True)
     (checkout / "tests" / "__init__.py").write_text("")
