@@ -3,10 +3,12 @@
 # --check, then the pytest suite on each fully tested Megatron line (FULL_LINES: 0.19.2, the
 # current release, and 0.16.1, the line slime and miles run), and the line checks, the
 # composition matrix and the demo on the lines between (SOME_LINES: 0.17.1 and 0.18.2). Each line
-# has its own venv (scripts/megatron_line.sh). Each test runs where it can fail differently: the
-# first full line runs every test; the other full lines run every test except those marked
-# ``line_independent`` (they import no megatron and start no process that does, so their outcome
-# cannot depend on the line; the marker is checked on every run, titan_plugins/testing/line_guard.py).
+# has its own venv (scripts/megatron_line.sh). Each test runs where it can fail differently: a
+# test marked ``line_independent`` imports no megatron and starts no process that does (checked
+# on every run, titan_plugins/testing/line_guard.py), so the Megatron line cannot change its
+# outcome, but the interpreter and what the venv compiled for it can (trace_analysis' C reader):
+# it runs on the first full line of each Python (0.19.2 for 3.12, 0.16.1 for 3.11); every other
+# test runs on every full line.
 # With MEGATRON_CORE set, only that line runs, with the pytest arguments given (e.g.
 # MEGATRON_CORE=0.18.2 ./scripts/test.sh -q tests/test_demo.py).
 # --quick: the inner loop (at most 5 minutes on 2 cores): lint, then on the default line the
@@ -86,6 +88,7 @@ wait_prepared() { # NAME: until the background preparation has done that venv, o
 SGLANG_RELEASES="0.5.23 0.5.15.post1" # 0.5.23 and slime's pin (weight_sync's engine side has a record for each)
 status=0
 first=1
+pythons_run= # the Pythons whose line_independent tests have run
 for line in $FULL_LINES $SOME_LINES; do
   leg_start=$SECONDS
   [ "$first" = 1 ] || wait_prepared "$line"
@@ -100,10 +103,17 @@ for line in $FULL_LINES $SOME_LINES; do
     "$venv/bin/ruff" format --check .
     first=0
   fi
-  # the first full line runs every test; a later one leaves out what cannot fail differently there
+  # a full line runs every test, less the line_independent ones where an earlier full line
+  # ran them with the same Python (they cannot fail differently there)
+  python=$(MEGATRON_CORE=$line bash -c '. scripts/megatron_line.sh; echo "$LINE_PYTHON"')
   case " $FULL_LINES " in
-    " $line "*) tests=(-m "not sglang" "$@") ;;
-    *" $line "*) tests=(-m "not sglang and not line_independent" "$@") ;;
+    *" $line "*)
+      case " $pythons_run " in
+        *" $python "*) tests=(-m "not sglang and not line_independent" "$@") ;;
+        *) tests=(-m "not sglang" "$@") ;;
+      esac
+      pythons_run="$pythons_run $python"
+      ;;
     *) tests=("$@" "${SOME_TESTS[@]}") ;;
   esac
   echo "== megatron-core $line ($venv): pytest ${tests[*]:-(the whole suite)}" >&2
