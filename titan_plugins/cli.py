@@ -10,7 +10,8 @@ import sys
 from typing import Any
 
 from titan_plugins import activation, namespace, report, settings
-from titan_plugins.doctor import FAIL, OK, WARN, Check, core_checks
+from titan_plugins.doctor import FAIL, OK, WARN, Check, core_checks, import_checks
+from titan_plugins.import_replay import DEFAULT_TIMEOUT_S as DEFAULT_IMPORT_TIMEOUT_S
 from titan_plugins.patching import FAILED, SKIPPED
 
 
@@ -123,18 +124,41 @@ def _doctor(as_json: bool, import_targets: bool) -> int:
                         ),
                     )
                 )
+    _print_checks(checks, as_json)
     worst = FAIL if any(c.status == FAIL for _, c in checks) else OK
+    return 1 if worst == FAIL or _strict_exit(state) else 0
+
+
+def _print_checks(checks: list[tuple[str, Check]], as_json: bool) -> None:
     if as_json:
         print(json.dumps([{"plugin": p, **c.as_dict()} for p, c in checks], indent=2))
-    else:
-        marks = {OK: "ok  ", WARN: "WARN", FAIL: "FAIL"}
-        for plugin, check in checks:
-            print(
-                f"[{marks.get(check.status, check.status)}] {plugin}: {check.name}: {check.detail}"
-            )
-            if check.fix and check.status != OK:
-                print(f"       fix: {check.fix}")
-    return 1 if worst == FAIL or _strict_exit(state) else 0
+        return
+    marks = {OK: "ok  ", WARN: "WARN", FAIL: "FAIL"}
+    for plugin, check in checks:
+        print(f"[{marks.get(check.status, check.status)}] {plugin}: {check.name}: {check.detail}")
+        if check.fix and check.status != OK:
+            print(f"       fix: {check.fix}")
+
+
+def _doctor_imports(as_json: bool, timeout_s: float) -> int:
+    """``doctor --imports``: nothing is imported in this process (the plugin that ends the
+    process would end the doctor too); each plugin is imported alone in a child."""
+    checks, summary = import_checks(timeout_s)
+    _print_checks(checks, as_json)
+    if not as_json:
+        print(summary)
+    return 1 if any(c.status == FAIL for _, c in checks) else 0
+
+
+def _seconds(text: str) -> float:
+    """A positive number of seconds, for argparse (its message names the option)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds, e.g. 60")
+    return value
 
 
 def _declared(state: activation.Activation) -> list[tuple[str, settings.Setting]]:
@@ -208,6 +232,20 @@ def main(argv: list[str] | None = None) -> int:
     p_doctor = sub.add_parser("doctor", help="environment and capability checks with fixes")
     p_doctor.add_argument("--json", action="store_true")
     p_doctor.add_argument("--no-import", action="store_true", help="do not import megatron targets")
+    p_doctor.add_argument(
+        "--imports",
+        action="store_true",
+        help="only import each plugin alone, each in its own process, and name one whose import "
+        "ends the process or hangs",
+    )
+    p_doctor.add_argument(
+        "--import-timeout",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="with --imports: a plugin still importing after S seconds hangs (default "
+        f"{DEFAULT_IMPORT_TIMEOUT_S:g})",
+    )
     sub.add_parser("env", help="every switch, documented, with its current value")
     sub.add_parser("plan", help="per-rank memory and FLOPs of a Megatron layout", add_help=False)
     sub.add_parser(
@@ -233,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report.collect(state), indent=2, default=str))
         return _strict_exit(state)
     if args.command == "doctor":
+        if args.import_timeout is not None and not args.imports:
+            parser.error("--import-timeout applies to doctor --imports: add --imports")
+        if args.imports:
+            return _doctor_imports(args.json, args.import_timeout or DEFAULT_IMPORT_TIMEOUT_S)
         return _doctor(args.json, not args.no_import)
     return _env()
 

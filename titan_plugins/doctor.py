@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from typing import Any
 
+from titan_plugins import import_replay
 from titan_plugins.hosts import HOSTS
 from titan_plugins.patching import gates, origin
 
@@ -150,3 +151,37 @@ def core_checks(autoload_state: dict[str, Any]) -> list[Check]:
     checks = [check_torch(), check_autoload(autoload_state), check_megatron(found)]
     shadowing = check_megatron_shadowing(found)
     return [*checks, *([shadowing] if shadowing else []), check_platform()]
+
+
+def import_checks(
+    timeout_s: float = import_replay.DEFAULT_TIMEOUT_S,
+    entry_points: list[metadata.EntryPoint] | None = None,
+) -> tuple[list[tuple[str, Check]], str]:
+    """``doctor --imports``: one check per plugin the manager would import, each imported alone
+    in its own process, and the summary line (which plugins end or hang the process, or that
+    all N import)."""
+    outcomes, disabled = import_replay.replay(entry_points, timeout_s)
+    checks = []
+    for outcome in outcomes:
+        fix = ""
+        if not outcome.ok:
+            fix = (
+                f"TITAN_PLUGINS_DISABLE={outcome.name} runs without it; report it to "
+                f"{outcome.distribution or outcome.value}"
+            )
+        status = OK if outcome.ok else FAIL
+        checks.append(
+            (outcome.name, Check("import", status, f"{outcome.who}: {outcome.detail}", fix))
+        )
+    bad = [o.name for o in outcomes if not o.ok]
+    left_out = f" ({disabled} switched off, not imported)" if disabled else ""
+    if not outcomes:
+        summary = f"no plugin to import (none installed, or the switches leave each out){left_out}"
+    elif not bad:
+        summary = f"all {len(outcomes)} plugins import, each alone in its own process{left_out}"
+    else:
+        summary = (
+            f"{len(bad)} of {len(outcomes)} plugins fail their import alone (above): "
+            f"{', '.join(bad)}; TITAN_PLUGINS_DISABLE={','.join(bad)} runs without them"
+        )
+    return checks, summary

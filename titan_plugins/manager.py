@@ -2,7 +2,8 @@
 
 Each plugin loads under its own error boundary (``BaseException``: a ``sys.exit`` at import ends
 only that plugin; Ctrl-C is reported, then re-raised), with a watchdog that names a plugin whose
-import hangs. Names are checked before anything is imported: a first-party name (the plugins
+import hangs; each import is logged at debug level before it starts (one that ends the process
+is the last line). Names are checked before anything is imported: a first-party name (the plugins
 this project ships) belongs to its own distribution; two third-party distributions claiming one
 name both stay out until the user picks one (``TITAN_PLUGINS_PICK``); names whose switch would
 collide with the core's switches are refused.
@@ -187,6 +188,24 @@ def get_plugin_manager(
     :param entry_points: override discovery (tests); defaults to :func:`discover`.
     :param switches: False loads every installed plugin, on or off (``plan`` asks them all).
     """
+    pm, planned = import_plan(only, entry_points, switches)
+    with _Watchdog() as watchdog:
+        for record, ep in planned:
+            _load_one(pm, record, ep, watchdog)
+    _drop_unknown_hooks(pm)
+    _refuse_non_wrappers(pm)
+    return pm
+
+
+def import_plan(
+    only: list[str] | None = None,
+    entry_points: list[metadata.EntryPoint] | None = None,
+    switches: bool = True,
+) -> tuple[TitanPluginManager, list[tuple[PluginRecord, metadata.EntryPoint]]]:
+    """The manager before any plugin is imported (the core registered, names claimed, disabled
+    plugins blocked and recorded) and the plugins it imports next, in order, each with its
+    entry point; :func:`get_plugin_manager` loads them, ``titan-plugins doctor --imports``
+    replays each import in its own process. Parameters as for :func:`get_plugin_manager`."""
     from titan_plugins import builtin
 
     pm = TitanPluginManager()
@@ -197,14 +216,8 @@ def get_plugin_manager(
     for name, reason in blocked.items():
         pm.set_blocked(name)
         pm.records[name].state, pm.records[name].reason = DISABLED, reason
-    with _Watchdog() as watchdog:
-        for name, ep in by_name.items():
-            if pm.is_blocked(name):
-                continue
-            _load_one(pm, pm.records[name], ep, watchdog)
-    _drop_unknown_hooks(pm)
-    _refuse_non_wrappers(pm)
-    return pm
+    planned = [(pm.records[name], ep) for name, ep in by_name.items() if not pm.is_blocked(name)]
+    return pm, planned
 
 
 def _claim_names(
@@ -319,6 +332,16 @@ def _load_one(
     pm: TitanPluginManager, record: PluginRecord, ep: metadata.EntryPoint, watchdog: _Watchdog
 ) -> None:
     watchdog.loading(record)
+    # named before the import: a plugin that ends the process there (os._exit, a crash in an
+    # extension) leaves this line as the last one, and nothing else names it
+    logger.debug(
+        "importing plugin %s (%s %s, %s); if the process ends here, this plugin ended it "
+        "(titan-plugins doctor --imports checks each plugin alone)",
+        record.name,
+        record.distribution or "unknown distribution",
+        record.version,
+        record.value,
+    )
     try:
         plugin = ep.load()
         pm.register(plugin, name=record.name)
