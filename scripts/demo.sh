@@ -38,13 +38,49 @@ demo() {
   TITAN_DEMO_STATUS="$status_dir/exit" "$VENV/bin/torchrun" --nproc-per-node "$nproc" \
     --master-port "$port" entrypoints/cpu_demo.py "$@"
 }
+# Ctrl-C: the job runs in its own process group (set -m), so a terminal's Ctrl-C reaches this
+# script alone. torchrun would forward it to every worker (each printing a KeyboardInterrupt
+# traceback) and print its own; instead the trap stops the whole tree at once, torchrun's workers
+# included (they run in sessions of their own, which a group kill misses), in one line.
+stop_tree() { # $1 and every descendant: each frozen as found (it starts no other), then killed
+  local pids=("$1") i=0 child
+  kill -STOP "$1" 2>/dev/null || true
+  while [ "$i" -lt "${#pids[@]}" ]; do
+    for child in $(ps -o pid= --ppid "${pids[$i]}"); do
+      kill -STOP "$child" 2>/dev/null || true
+      pids+=("$child")
+    done
+    i=$((i + 1))
+  done
+  kill -KILL "${pids[@]}" 2>/dev/null || true
+}
+interrupted() { # $1: the exit status (130: Ctrl-C, 143: SIGTERM)
+  trap "" INT TERM
+  local started=${job:-${!:-}} # $!: a Ctrl-C right after the job started, before job=$!
+  if [ -n "$started" ]; then
+    stop_tree "$started"
+    wait "$started" 2>/dev/null || true
+  fi
+  echo "demo: interrupted; every worker stopped" >&2
+  exit "$1"
+}
+job=
+trap "interrupted 130" INT
+trap "interrupted 143" TERM
+set -m
 if [ -n "${verbose:-}" ]; then
-  demo "$@"
+  demo "$@" &
 else
   # The workers' stderr, less the native libraries' start-up chatter (each line and why in
-  # entrypoints/demo_noise.py); stdout goes straight through (fd 3), torchrun's status counts.
-  { demo "$@" 2>&1 1>&3 3>&- | "$VENV/bin/python" entrypoints/demo_noise.py 3>&-; } 3>&1
+  # titan_plugins/native_noise.py); stdout goes straight through (fd 3), torchrun's status counts.
+  { demo "$@" 2>&1 1>&3 3>&- | "$VENV/bin/python" entrypoints/demo_noise.py 3>&-; } 3>&1 &
 fi
+job=$!
+set +m
+code=0
+wait "$job" || code=$?
+trap - INT TERM
+[ "$code" -eq 0 ] || exit "$code"
 code=0
 for file in "$status_dir"/exit.*; do
   [ -e "$file" ] && code=$(cat "$file")
