@@ -1,16 +1,25 @@
 """The one filter of the native libraries' start-up chatter (``titan_plugins.native_noise``): it
 drops exactly the listed lines, each judged whole, and keeps real warnings and tracebacks; the
-demo's filter script is a user of it, not a copy."""
+demo's filter script is a user of it, and ``titan-plugins verify`` runs its children's output
+through it at the file-descriptor level (``verify/relay.py``: what glog and Kineto write below
+Python), every line with ``--verbose``, and filters a crashed upstream job's log tail too."""
 
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from titan_plugins import native_noise
 
 pytestmark = pytest.mark.line_independent
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # Exactly as a 4-rank `./scripts/demo.sh --steps 2` and verify's workers printed them on CPU.
 NOISE = [
@@ -74,3 +83,44 @@ def test_the_demo_filter_is_the_core_s_not_a_copy() -> None:
 
     assert demo_noise.NOISE is native_noise.NOISE
     assert demo_noise.filter_stream is native_noise.filter_stream
+
+
+_RELAYED = textwrap.dedent(
+    """
+    import os, subprocess, sys
+    from titan_plugins.verify.relay import Relay
+
+    lines = sys.argv[2:]
+    with Relay(verbose=sys.argv[1] == "1") as relay:
+        # a child writing to the descriptors it inherited, as glog and Kineto do in a worker
+        script = "import os, sys\\nfor l in sys.argv[1:]: os.write(2, (l + '\\\\n').encode())"
+        subprocess.run([sys.executable, "-c", script, *lines], check=True)
+        print("from the parent", flush=True)
+    print(f"dropped {relay.dropped}", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_verify_s_relay_filters_what_its_children_write_to_the_descriptors(verbose: bool) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _RELAYED, "1" if verbose else "0", *_mixed()],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == (_mixed() if verbose else KEPT)
+    dropped = 0 if verbose else len(NOISE)
+    assert done.stdout.splitlines() == ["from the parent", f"dropped {dropped}"]
+
+
+def test_a_crashed_upstream_job_s_log_tail_is_printed_without_the_chatter(tmp_path) -> None:
+    from titan_plugins.verify import upstream
+
+    (tmp_path / "0.rank0.log").write_text("\n".join(_mixed()) + "\n")
+    crashed = SimpleNamespace(returncode=-11)  # a rank ended by a signal
+    problem, tail = upstream._problem([crashed], True, [""], tmp_path / "0")
+    assert problem == "rank(s) [0] exited abnormally"
+    assert tail.splitlines() == KEPT

@@ -6,4 +6,8 @@
 - :mod:`~titan_plugins.verify.differential`: the differential training check (plugins off, each
   alone, all on) on the Megatron this environment imports.
 - :mod:`~titan_plugins.verify.cli`: the command.
+- :mod:`~titan_plugins.verify.relay`: what its children print, less the native libraries'
+  start-up chatter (:mod:`titan_plugins.native_noise`).
+- :mod:`~titan_plugins.verify.interrupt` and :mod:`~titan_plugins.verify.children`: Ctrl-C
+  stops every process verify started, in one line.
 """

@@ -10,20 +10,32 @@ run and passed in each mode, the regressions and what was not judged; each layou
 and grad-norm gap from the run with every plugin off and the work it counted; and a verdict.
 The exit status is 0 when every plugin passed, 1 when one failed, 2 for bad arguments, 3 when
 ``--budget-min`` left runs out (INCOMPLETE), 4 when the verdict printed could not be written to
-``--json FILE`` (checked writable before any run; it went away during the run).
+``--json FILE`` (checked writable before any run; it went away during the run), 130 when
+interrupted (Ctrl-C: every process verify started is stopped, one line says so, and ``--json
+FILE`` is written whole or not at all).
+
+What the workers print reaches the terminal less the native libraries' start-up chatter
+(:mod:`~titan_plugins.verify.relay`); ``--verbose`` shows every line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+from titan_plugins import native_noise
+
+if TYPE_CHECKING:
+    from titan_plugins.verify.children import Before
 
 EXIT = {"PASS": 0, "FAIL": 1, "INCOMPLETE": 3}
 """Exit status per verdict (2: bad arguments, :data:`NOT_WRITTEN`)."""
@@ -76,6 +88,12 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="a Megatron-LM checkout: run its unit tests, and train with its megatron instead of "
         "the installed one",
+    )
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show every line the workers' libraries print (by default their start-up chatter "
+        "is left out, titan_plugins/native_noise.py)",
     )
     return p
 
@@ -136,10 +154,30 @@ def checked(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Run the checks; print the table; 0 when every plugin passed."""
-    from titan_plugins.verify import differential, upstream
+    """Run the checks; print the table; 0 when every plugin passed, 130 when interrupted."""
+    from titan_plugins.verify import children, interrupt
 
     args = parser().parse_args(argv)
+    was = children.before()  # what ran before: an in-process caller's own pools stay
+    written: list[str] = []
+    with interrupt.handled(lambda: children.stop_all(was)) as state:
+        try:
+            return _checked_run(args, was, written)
+        except BaseException:
+            if not state.interrupted:
+                raise
+            children.stop_all(was)  # anything started after the handler ran
+            message = interrupt.MESSAGE
+            if written:  # the Ctrl-C came after the verdict was written whole
+                message = message.replace("nothing written", f"--json {written[0]} was written")
+            print(message, file=sys.stderr, flush=True)
+            return interrupt.STATUS
+
+
+def _checked_run(args: argparse.Namespace, was: Before, written: list[str]) -> int:
+    """The checks, the table and the JSON file (``written`` gets its path once it is whole)."""
+    from titan_plugins.verify import children, differential, relay, upstream
+
     names = [n for n in args.only.split(",") if n] or None
     layouts = [n for n in args.layouts.split(",") if n] or None
     budget_s = None if args.budget_min is None else args.budget_min * 60
@@ -148,22 +186,31 @@ def main(argv: list[str]) -> int:
     try:
         checked(args)
         sizes = world_sizes(args.world_sizes)
-        if args.megatron_lm:
-            checkout = Path(differential.checkout(args.megatron_lm))
-            packages = differential.chosen(names)
-            tests = upstream.run(packages, checkout, sizes, args.timeout_min * 60, budget_s)
-        left = None if budget_s is None else max(0.0, budget_s - (time.monotonic() - started))
-        result = differential.run(
-            names, layouts, args.timeout_min * 60, left, megatron_lm=args.megatron_lm
-        )
+        with relay.Relay(args.verbose) as relayed:
+            try:
+                if args.megatron_lm:
+                    checkout = Path(differential.checkout(args.megatron_lm))
+                    packages = differential.chosen(names)
+                    tests = upstream.run(packages, checkout, sizes, args.timeout_min * 60, budget_s)
+                left = (
+                    None if budget_s is None else max(0.0, budget_s - (time.monotonic() - started))
+                )
+                result = differential.run(
+                    names, layouts, args.timeout_min * 60, left, megatron_lm=args.megatron_lm
+                )
+            finally:
+                children.stop_helpers(was)  # before the relay ends: its pipes close with them
     except ValueError as err:
         print(f"titan-plugins verify: {err}", file=sys.stderr)
         return BAD_ARGUMENTS
     print_table(result, sys.stdout, tests)
+    closing = native_noise.summary(relayed.dropped)
+    if closing:
+        print(closing, file=sys.stderr)
     if args.json:
         document = as_json(result, tests)
         try:
-            Path(args.json).write_text(json.dumps(document, indent=2, default=str) + "\n")
+            write_whole(args.json, json.dumps(document, indent=2, default=str) + "\n")
         except OSError as err:  # writable before the run; e.g. its folder went away since
             print(
                 f"titan-plugins verify: the verdict above was not written to --json {args.json}: "
@@ -171,7 +218,29 @@ def main(argv: list[str]) -> int:
                 file=sys.stderr,
             )
             return NOT_WRITTEN
+        written.append(args.json)
     return EXIT[verdict(result, tests)]
+
+
+def write_whole(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: into a temporary file in the same folder,
+    then renamed over ``path`` (one step), so a Ctrl-C or a full disk leaves no partial file.
+
+    :raises OSError: the folder cannot be written (the temporary file is removed).
+    """
+    target = Path(path)
+    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(out.fileno(), 0o666 & ~umask)  # as a plain write creates it, not 0600
+            out.write(text)
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def verdict(result: Any, tests: Any = None) -> str:

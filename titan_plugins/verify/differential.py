@@ -37,7 +37,7 @@ from typing import Any
 from titan_plugins import manager
 from titan_plugins.hosts import HOSTS
 from titan_plugins.patching import gates, origin
-from titan_plugins.verify import selection
+from titan_plugins.verify import interrupt, selection
 
 LAYOUTS: dict[str, dict[str, int]] = {
     "pp2xep2": {"pp": 2, "ep": 2},
@@ -329,6 +329,7 @@ def run(
     # spawned workers start with this process's sys.path; the fork server of a preloaded pool
     # reads the checkout from CHECKOUT_ENV (it does not take the parent's sys.path)
     with _on_sys_path(checkout_dir), environ({CHECKOUT_ENV: checkout_dir} if checkout_dir else {}):
+        forked = _start_fork_server()
         for layout, name, on in plan_runs(names, layouts, declared):
             if budget_s is not None and time.monotonic() - started > budget_s:
                 not_run.append((layout, name))
@@ -340,6 +341,9 @@ def run(
             # cores was most of the default check's differential part
             try:
                 with GlooWorkerPool(WORLD_SIZE, preloaded=True) as pool:
+                    if not forked:  # spawned from here: they must start shielded too
+                        with interrupt.shielded():
+                            pool.start()
                     ranks = pool.run(
                         run_task,
                         LAYOUTS[layout],
@@ -359,6 +363,28 @@ def run(
     result.not_run = [f"{layout} {name}" for layout, name in not_run]
     result.megatron = _megatron_seen(per_layout)
     return result
+
+
+def _start_fork_server() -> bool:
+    """Start the preloaded pools' fork server now, with SIGINT blocked: the server and every
+    worker it forks keep the block, so a terminal's Ctrl-C reaches verify alone, which stops them
+    all (:mod:`~titan_plugins.verify.interrupt`) instead of each worker printing its own
+    ``KeyboardInterrupt`` (or, forked after verify stopped waiting, outliving it). False when the
+    pools will spawn their workers instead (another fork server runs already).
+
+    multiprocessing's resource tracker starts first, outside the block: its start unblocks SIGINT
+    in the caller after spawning (CPython bpo-33613), which inside the block would let the fork
+    server start unshielded.
+    """
+    from multiprocessing import resource_tracker
+
+    from titan_plugins.testing import workers
+
+    resource_tracker.ensure_running()
+    with interrupt.shielded():
+        # workers.py's own start (the preload, the workers' environment, the sys.path it keeps);
+        # it offers no public one. Returns None when this process cannot use a preloaded server
+        return workers._fork_server() is not None
 
 
 def checkout(path: str) -> str:

@@ -37,10 +37,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from titan_plugins import native_noise
 from titan_plugins.hosts import HOSTS
 from titan_plugins.manager import ENABLED
 from titan_plugins.testing.upstream_worker import FAILED, MEGATRON, PASSED, SKIP_ENV, SKIPPED
-from titan_plugins.verify import conftest_needs, selection
+from titan_plugins.verify import conftest_needs, interrupt, selection
 
 SUITE = "megatron_lm_tests"
 OFF, ON = "off", "on"
@@ -304,10 +305,21 @@ def launch(
         skip = scratch / "skip.txt"
         skip.write_text("")
         for attempt in itertools.count():
-            procs = _start(
-                checkout, files, world_size, {**env, SKIP_ENV: str(skip)}, scratch, attempt
-            )
-            ended = _wait(procs, records, started + timeout_s, stall_s)
+            procs: list[subprocess.Popen[bytes]] = []
+            try:
+                _start(
+                    procs,
+                    checkout,
+                    files,
+                    world_size,
+                    {**env, SKIP_ENV: str(skip)},
+                    scratch,
+                    attempt,
+                )
+                ended = _wait(procs, records, started + timeout_s, stall_s)
+            except BaseException:  # a Ctrl-C or an error here: no rank outlives its job
+                _kill(procs)
+                raise
             per_rank = [_read(path) for path in records]
             running = [test for _, test, _ in per_rank]
             if ended or not any(running) or time.monotonic() > started + timeout_s:
@@ -364,45 +376,50 @@ def retry_hung(
 
 
 def _start(
+    procs: list[subprocess.Popen[bytes]],
     checkout: Path,
     files: list[str],
     world_size: int,
     env: dict[str, str],
     scratch: Path,
     attempt: int,
-) -> list[subprocess.Popen[bytes]]:
-    """The job's ranks, each appending to ``rank<N>.jsonl``; output in ``<attempt>.rank<N>.log``."""
+) -> None:
+    """The job's ranks, appended to ``procs`` as each starts (a caller that stops them sees every
+    one), each appending to ``rank<N>.jsonl``; output in ``<attempt>.rank<N>.log``.
+
+    Started with SIGINT blocked: a terminal's Ctrl-C reaches verify alone, which kills the ranks
+    (:mod:`~titan_plugins.verify.interrupt`) instead of each printing its own KeyboardInterrupt.
+    """
     port = _free_port()
-    procs = []
-    for rank in range(world_size):
-        rank_env = {
-            **os.environ,
-            **WORKER_ENV,
-            **env,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(world_size),
-            "LOCAL_WORLD_SIZE": str(world_size),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
-        with open(scratch / f"{attempt}.rank{rank}.log", "wb") as log:  # the child keeps its fd
-            procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "titan_plugins.testing.upstream_worker",
-                        str(scratch / f"rank{rank}.jsonl"),
-                        *files,
-                    ],
-                    cwd=checkout,
-                    env=rank_env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
+    with interrupt.shielded():
+        for rank in range(world_size):
+            rank_env = {
+                **os.environ,
+                **WORKER_ENV,
+                **env,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_WORLD_SIZE": str(world_size),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            }
+            with open(scratch / f"{attempt}.rank{rank}.log", "wb") as log:  # the child keeps its fd
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "titan_plugins.testing.upstream_worker",
+                            str(scratch / f"rank{rank}.jsonl"),
+                            *files,
+                        ],
+                        cwd=checkout,
+                        env=rank_env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
                 )
-            )
-    return procs
 
 
 def _free_port() -> int:
@@ -429,14 +446,19 @@ def _wait(
         if found != seen:
             seen, last = found, now
         if now > deadline or (seen != before and now - last > stall_s):
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            for p in procs:
-                p.wait()
+            _kill(procs)
             return False
         time.sleep(0.5)
     return True
+
+
+def _kill(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Kill the ranks still running and reap them all."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        p.wait()
 
 
 def _read(path: Path) -> tuple[dict[str, Outcome], str, dict[str, Any] | None]:
@@ -525,7 +547,9 @@ def _problem(
     where = "; ".join(f"rank {r} in {test}" for r, test in enumerate(running) if test)
     rank = crashed[0] if crashed else 0
     log = logs.parent / f"{logs.name}.rank{rank}.log"
-    tail = log.read_text(errors="replace")[-LOG_TAIL_CHARS:] if log.exists() else ""
+    # less the native libraries' start-up chatter, as verify prints its workers' output
+    text = native_noise.without_noise(log.read_text(errors="replace")) if log.exists() else ""
+    tail = text[-LOG_TAIL_CHARS:]
     what = (
         f"rank(s) {crashed} exited abnormally"
         if ended
