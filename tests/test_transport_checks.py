@@ -148,9 +148,21 @@ def test_an_engine_on_an_address_that_is_not_this_hosts_raises_the_callers_error
     monkeypatch.setitem(sys.modules, "mooncake", types.ModuleType("mooncake"))  # none needed
     monkeypatch.setitem(sys.modules, "mooncake.engine", fake)
     for var in ("MC_TRANSFER_TIMEOUT", "MC_TCP_SLICE_SIZE", "MC_TCP_BIND_ADDRESS"):
-        monkeypatch.delenv(var, raising=False)  # the engine sets them for Mooncake
+        # The engine sets them for Mooncake (setdefault) before it binds, so they must be gone
+        # again after the test: set first, so that monkeypatch records them and removes what
+        # the engine wrote (a delenv of an absent name records nothing, and the session's later
+        # Mooncake children inherited MC_TCP_BIND_ADDRESS=no-such-host.invalid: pp_rdma's
+        # metadata-server test failed in every full run)
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
     with pytest.raises(Refused) as caught:
         mooncake.MooncakeEngine(Config(), who="plugin_x", error=Refused, hint="; check _HOST")
     message = str(caught.value)
     assert message.startswith("plugin_x: the job's address 'no-such-host.invalid' does not ")
     assert message.endswith("give this host's IP address on the job's network; check _HOST")
+
+
+def test_the_engine_test_leaves_no_mooncake_variable_behind() -> None:
+    # runs after the test above (file order): what the refused engine set is gone
+    leaked = {var: os.environ[var] for var in os.environ if var.startswith("MC_TCP_BIND")}
+    assert leaked == {}
