@@ -166,7 +166,16 @@ def start_child_probe() -> Path:
     the folder."""
     import sysconfig
 
-    install_pth(Path(sysconfig.get_paths()["purelib"]))
+    site_packages = Path(sysconfig.get_paths()["purelib"])
+    if not install_pth(site_packages):
+        import warnings
+
+        # the check still runs, narrower: children that set their own PYTHONPATH go unseen
+        warnings.warn(
+            f"line_independent guard: cannot write {PTH_NAME} into {site_packages}; only "
+            "children that inherit PYTHONPATH are probed for megatron imports",
+            stacklevel=2,
+        )
     records = Path(tempfile.mkdtemp(prefix="titan-line-probe-"))
     os.environ[RECORD_DIR_VAR] = str(records)
     rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
