@@ -10,6 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/megatron_line.sh
+. scripts/pip_retry.sh
 
 # Mooncake's non-CUDA wheel links libibverbs (Debian libibverbs1); install it when missing.
 if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs.so.1'; then
@@ -60,11 +61,12 @@ log=$VENV/bootstrap.log
 what="megatron-core $MEGATRON_CORE, the pinned toolchain"
 [ "$deps_only" = 1 ] || what="$what and every distribution"
 echo "bootstrap: installing $what into $VENV ($log)" >&2
+: >"$log"
 if ! {
-  "$VENV/bin/python" -m pip install -q --upgrade pip &&
-    "$VENV/bin/python" -m pip install -q "${requirements[@]/#/-r}" &&
-    { [ "$deps_only" = 1 ] || "$VENV/bin/python" -m pip install -q --no-deps "${editables[@]}"; }
-} >"$log" 2>&1; then
+  pip_retry "$VENV/bin/python" "$log" -q --upgrade pip &&
+    pip_retry "$VENV/bin/python" "$log" -q "${requirements[@]/#/-r}" &&
+    { [ "$deps_only" = 1 ] || pip_retry "$VENV/bin/python" "$log" -q --no-deps "${editables[@]}"; }
+}; then
   cat "$log" >&2
   echo "bootstrap: pip failed (full log: $log)" >&2
   exit 1

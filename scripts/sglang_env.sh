@@ -12,6 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/sglang_release.sh # SGLANG_RELEASE, SGLANG_VENV
+. scripts/pip_retry.sh
 RELEASE=$SGLANG_RELEASE
 VENV=$SGLANG_VENV
 requirements=requirements/sglang-$RELEASE.txt
@@ -34,11 +35,12 @@ site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["pur
 rm -f "$site/zz_titan_sglang_cpu_stubs.pth"
 log=$VENV/bootstrap.log
 echo "sglang_env: installing SGLang $RELEASE (CPU), the core and weight_sync into $VENV ($log)" >&2
+: >"$log"
 if ! {
-  "$VENV/bin/python" -m pip install -q torch==2.13.0 &&
-    "$VENV/bin/python" -m pip install -q --no-deps -r "$requirements" &&
-    { [ "${SGLANG_DEPS_ONLY:-0}" = 1 ] || "$VENV/bin/python" -m pip install -q --no-deps -e . -e plugins/weight_sync; }
-} >"$log" 2>&1; then
+  pip_retry "$VENV/bin/python" "$log" -q torch==2.13.0 &&
+    pip_retry "$VENV/bin/python" "$log" -q --no-deps -r "$requirements" &&
+    { [ "${SGLANG_DEPS_ONLY:-0}" = 1 ] || pip_retry "$VENV/bin/python" "$log" -q --no-deps -e . -e plugins/weight_sync; }
+}; then
   cat "$log" >&2
   echo "sglang_env: pip failed (full log: $log)" >&2
   exit 1
