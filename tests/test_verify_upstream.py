@@ -36,6 +36,11 @@ FIXTURES = Path(__file__).parent / "verify_fixtures"
 CHECKOUT = FIXTURES / "upstream_checkout"
 LAYERS = "tests/unit_tests/test_fixture_layers.py"
 ROUTER = "tests/unit_tests/test_fixture_router.py"
+# The stall rule for the fixture's jobs: each hang costs this long, 3 hangs per leg (15 s made the
+# two hang tests 88 s of every full leg; 8 s: 64 s quiet, 77 s with two busy loops beside them on
+# 2 cores, both passing). Only the fixture's tiny tests between two records are under this bound:
+# imports and collection, which take far longer under load, have only the deadline (upstream._wait).
+FIXTURE_STALL_S = 8
 VALUE_TEST = (
     f"{LAYERS}::TestColumnParallelLinear::test_output_is_the_input_times_the_gathered_weight"
 )
@@ -295,18 +300,28 @@ def test_upstream_tests_name_what_a_plugin_that_changes_the_numbers_breaks(
 def test_a_test_that_hangs_fails_as_hung_and_the_job_goes_on_without_it(monkeypatch) -> None:
     monkeypatch.setenv("TITAN_VERIFY_FIXTURE_HANG", "1")
     job = upstream.launch(
-        CHECKOUT, [LAYERS, ROUTER], 1, OFF, {"TITAN_PLUGINS": "0"}, timeout_s=900, stall_s=15
+        CHECKOUT,
+        [LAYERS, ROUTER],
+        1,
+        OFF,
+        {"TITAN_PLUGINS": "0"},
+        timeout_s=900,
+        stall_s=FIXTURE_STALL_S,
     )
     hang = f"{LAYERS}::TestColumnParallelLinear::test_a_hang_when_asked"
     assert job.outcomes[hang].status == FAILED
-    assert job.outcomes[hang].why.startswith("hung: no rank recorded anything for 15 s")
+    assert job.outcomes[hang].why.startswith(
+        f"hung: no rank recorded anything for {FIXTURE_STALL_S} s"
+    )
     # the tests before it, and those after it in the restarted job
     assert job.outcomes[VALUE_TEST] == Outcome(PASSED)
     assert job.outcomes[ROUTER_TEST] == Outcome(PASSED)
     assert job.outcomes[f"{LAYERS}::TestColumnParallelLinear::test_the_tensor_is_on_a_gpu"].status == FAILED  # fmt: skip
     assert job.problem == f"1 test(s) hung and were left out: {hang}"
     # run again alone, it hangs again: it stays failed, and says so
-    upstream.retry_hung(CHECKOUT, job, {"TITAN_PLUGINS": "0"}, timeout_s=900, stall_s=15)
+    upstream.retry_hung(
+        CHECKOUT, job, {"TITAN_PLUGINS": "0"}, timeout_s=900, stall_s=FIXTURE_STALL_S
+    )
     assert job.outcomes[hang].status == FAILED
     assert job.outcomes[hang].why.endswith("the job went on without it; hung again alone")
     assert job.problem.endswith(f"; run again alone: {hang}")
@@ -317,10 +332,10 @@ def test_a_test_that_hung_only_under_load_is_judged_by_its_run_alone(monkeypatch
     # the stall rule cannot tell a hang from a test the load slowed past it (8 ranks on 2 cores)
     monkeypatch.setenv("TITAN_VERIFY_FIXTURE_HANG", str(tmp_path / "hung-once"))
     env = {"TITAN_PLUGINS": "0"}
-    job = upstream.launch(CHECKOUT, [LAYERS], 1, OFF, env, timeout_s=900, stall_s=15)
+    job = upstream.launch(CHECKOUT, [LAYERS], 1, OFF, env, timeout_s=900, stall_s=FIXTURE_STALL_S)
     hang = f"{LAYERS}::TestColumnParallelLinear::test_a_hang_when_asked"
     assert job.outcomes[hang].why.startswith(upstream.HUNG)
-    upstream.retry_hung(CHECKOUT, job, env, timeout_s=900, stall_s=15)
+    upstream.retry_hung(CHECKOUT, job, env, timeout_s=900, stall_s=FIXTURE_STALL_S)
     assert job.outcomes[hang] == Outcome(PASSED, "hung in the full job; run again alone: passed")
     assert job.outcomes[VALUE_TEST] == Outcome(PASSED)  # the others keep their outcomes
 
