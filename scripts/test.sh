@@ -27,6 +27,9 @@ SOME_TESTS=(
   tests/test_megatron_lines.py
   tests/test_compose_matrix.py
   tests/test_demo.py::test_default_demo_writes_a_strict_json_report_with_every_plugins_work
+  # MLA trains on CPU on every served line (the core attention and the Kimi-shaped model)
+  tests/test_harness_mla.py::test_the_mla_core_attention_computes_the_attention_formula
+  tests/test_harness_mla.py::test_the_kimi_shaped_model_trains_on_cpu
 )
 
 QUICK_TESTS=(

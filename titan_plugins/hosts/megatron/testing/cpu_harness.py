@@ -12,7 +12,9 @@ be switched off again in that process. No megatron file is edited; everything is
 - megatron fixes, applied right after each module executes (or at once if already imported):
   ``tensor_parallel.random`` CUDA RNG state helpers, ``moe_utils.te_general_gemm`` (0.16.1 bug
   without Transformer Engine), ``maybe_move_tensor_to_cpu`` (EP split sizes), and TE's
-  ``cpu_offload`` flag holder for fine-grained activation offloading
+  ``cpu_offload`` flag holder for fine-grained activation offloading, and MLA's ``HAVE_TE`` on
+  0.16.1 (true there without Transformer Engine); MLA's core attention is ``mla_attention``'s,
+  by spec substitution
 
 Deliberately NOT fixed here (plugins must handle and test them; see DESIGN §7): the PP=2 + VPP
 batched-P2P op order, and the freed-send-buffer hazard of ``deallocate_output_tensor``. A test that
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import importlib.util
 import logging
 import threading
 import types
@@ -58,6 +61,7 @@ _TOKEN_DISPATCHER = "megatron.core.transformer.moe.token_dispatcher"
 _RANDOM = "megatron.core.tensor_parallel.random"
 _TE_EXTENSIONS = "megatron.core.extensions.transformer_engine"
 _SCHEDULES = "megatron.core.pipeline_parallel.schedules"
+_MLA = "megatron.core.transformer.multi_latent_attention"
 
 
 def installed() -> bool:
@@ -87,6 +91,7 @@ def install(keep_sent_buffers: bool = False) -> None:
             when_imported(_MOE_UTILS, _fix_moe_utils)
             when_imported(_TOKEN_DISPATCHER, _fix_token_dispatcher)
             when_imported(_TE_EXTENSIONS, _fix_te_extensions)
+            when_imported(_MLA, _fix_mla_have_te)
         if keep_sent_buffers:
             _set_keep_sent_buffers(True)
 
@@ -161,6 +166,14 @@ def _fix_te_extensions(module: ModuleType) -> None:
     # CPUOffloadEnabled flag (pipeline_parallel/fine_grained_activation_offload.py).
     if getattr(module, "cpu_offload", None) is None:
         module.cpu_offload = types.SimpleNamespace(CPUOffloadEnabled=False)
+
+
+def _fix_mla_have_te(module: ModuleType) -> None:
+    # 0.16.1 without Transformer Engine: MLA's import of the TE extensions succeeds (they stand
+    # on a MagicMock ``te``), so it sets HAVE_TE = True and ``isinstance(linear_proj, TELinear)``
+    # fails on a MagicMock at every MLA layer. Tell it the truth: no TE here.
+    if getattr(module, "HAVE_TE", False) and importlib.util.find_spec("transformer_engine") is None:
+        module.HAVE_TE = False
 
 
 def _wrap_schedules_deallocate(module: ModuleType) -> None:

@@ -48,6 +48,7 @@ __all__ = [
     "init_parallel",
     "load_global_state_dict",
     "make_config",
+    "make_kimi_config",
     "make_optimizer",
     "state_snapshot",
     "train",
@@ -150,8 +151,14 @@ def make_config(**overrides: Any) -> TransformerConfig:
     with VPP and ``batch_p2p_comm=True`` (the default) silently swaps activations and gradients,
     so interleaved tests without a P2P fix pass ``batch_p2p_comm=False``.
     """
-    from megatron.core import parallel_state as ps
     from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return TransformerConfig(**_config_fields(overrides))
+
+
+def _config_fields(overrides: dict[str, Any]) -> dict[str, Any]:
+    """``make_config``'s fields for the current layout, ``overrides`` applied."""
+    from megatron.core import parallel_state as ps
 
     pp = ps.get_pipeline_model_parallel_world_size()
     vpp = ps.get_virtual_pipeline_model_parallel_world_size()
@@ -186,7 +193,56 @@ def make_config(**overrides: Any) -> TransformerConfig:
         for key in ("moe_router_topk", "moe_token_dispatcher_type", "moe_aux_loss_coeff"):
             if key not in overrides:
                 fields.pop(key)
-    return TransformerConfig(**fields)
+    return fields
+
+
+def make_kimi_config(**overrides: Any) -> TransformerConfig:
+    """Kimi-K2's (and DeepSeek-V3's) architecture at tiny size, as an ``MLATransformerConfig``.
+
+    Multi-latent attention (query LoRA 32, key/value LoRA 16, query/key head 16 + 8 rope, value
+    head 12, YaRN rope), 4 layers of which the first is dense (``moe_layer_freq``), 4 routed
+    experts top-2 plus one shared expert, a sigmoid router with the aux-loss-free expert bias and
+    group-limited routing (2 groups, top-1 group), RMSNorm and SwiGLU; the rest as
+    ``make_config`` (parallel sizes from ``init_parallel``, fp32, CPU initialisation). Build it
+    with ``build_model(cfg, position_embedding_type="rope",
+    share_embeddings_and_output_weights=False)`` (Kimi-K2 has no absolute positions and an
+    untied output layer); ``build_model`` puts the CPU core attention into the MLA layers.
+    """
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+    layers = max(4, _pipeline_layers())
+    fields: dict[str, Any] = dict(
+        num_layers=layers,
+        moe_layer_freq=[0] + [1] * (layers - 1),
+        moe_ffn_hidden_size=64,
+        moe_shared_expert_intermediate_size=64,
+        moe_router_score_function="sigmoid",
+        moe_router_enable_expert_bias=True,
+        moe_router_bias_update_rate=1e-3,
+        moe_router_num_groups=2,
+        moe_router_group_topk=1,
+        moe_aux_loss_coeff=0.0,  # aux-loss-free: the expert bias balances the load
+        normalization="RMSNorm",
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        q_lora_rank=32,
+        kv_lora_rank=16,
+        qk_head_dim=16,
+        qk_pos_emb_head_dim=8,
+        v_head_dim=12,
+        rope_type="yarn",
+    )
+    fields.update(overrides)
+    return MLATransformerConfig(**_config_fields(fields))
+
+
+def _pipeline_layers() -> int:
+    """Layers one per (virtual) pipeline stage of the current layout."""
+    from megatron.core import parallel_state as ps
+
+    pp = ps.get_pipeline_model_parallel_world_size()
+    vpp = ps.get_virtual_pipeline_model_parallel_world_size()
+    return pp * (vpp or 1)
 
 
 def build_model(
@@ -207,6 +263,10 @@ def build_model(
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     vpp = vpp or cfg.virtual_pipeline_model_parallel_size
+    if cfg.multi_latent_attention or cfg.moe_layer_freq != 1:
+        # MLA and mixed dense / MoE layers: megatron's block spec (one spec per layer, this
+        # stage's layers only), with the CPU core attention in the MLA layers
+        return _build_from_block_spec(cfg, vpp, ddp, gpt_kwargs)
     if cfg.normalization == "LayerNorm":
         spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts)
     else:
@@ -220,6 +280,37 @@ def build_model(
             GPTModel(
                 cfg,
                 spec,
+                vocab_size=VOCAB,
+                max_sequence_length=SEQ,
+                pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+                post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+                vp_stage=vp_stage,
+                **gpt_kwargs,
+            )
+        )
+    return wrap_ddp(chunks, cfg) if ddp else chunks
+
+
+def _build_from_block_spec(
+    cfg: TransformerConfig, vpp: int | None, ddp: bool, gpt_kwargs: dict[str, Any]
+) -> list:
+    """``build_model`` for configs the single layer spec cannot express (MLA, dense layers)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    from titan_plugins.hosts.megatron.testing.mla_attention import with_mla_core_attention
+
+    chunks = []
+    for index in range(vpp or 1):
+        vp_stage = index if vpp else None
+        spec = get_gpt_decoder_block_spec(
+            cfg, use_transformer_engine=False, normalization=cfg.normalization, vp_stage=vp_stage
+        )
+        chunks.append(
+            GPTModel(
+                cfg,
+                with_mla_core_attention(spec),
                 vocab_size=VOCAB,
                 max_sequence_length=SEQ,
                 pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
