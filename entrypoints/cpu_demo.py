@@ -27,7 +27,16 @@ from titan_entrypoints.demo_args import DemoArgsError, check
 from titan_entrypoints.demo_layout import Layout, LayoutError, resolve
 
 DEFAULT_OUT = "demo_out"
-EXPERTS = 4  # tiny_gpt.make_config's num_moe_experts
+EXPERTS = 4  # tiny_gpt.make_config's (and make_kimi_config's) num_moe_experts
+# --model: the tiny_gpt config maker, and what GPTModel is built with
+MODELS: dict[str, tuple[str, dict[str, Any]]] = {
+    "gpt": ("make_config", {}),
+    # Kimi-K2: rotary positions only (MLA applies them), an untied output layer
+    "kimi": (
+        "make_kimi_config",
+        {"position_embedding_type": "rope", "share_embeddings_and_output_weights": False},
+    ),
+}
 
 
 def _feature_overrides(enabled: set[str], layout: Layout) -> dict:
@@ -60,6 +69,14 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
         help="expert-parallel size (default: 2 with 4 processes, else 1 when PP=2 fits)",
     )  # fmt: skip
     parser.add_argument("--vpp", type=int, default=None, help="virtual pipeline stages per rank")
+    parser.add_argument(
+        "--model",
+        choices=sorted(MODELS),
+        default="gpt",
+        help="gpt: a Mixtral-style MoE GPT (standard attention, softmax top-2); kimi: Kimi-K2's "
+        "architecture at tiny size (multi-latent attention, a dense first layer, one shared "
+        "expert, a sigmoid router with expert bias and group-limited routing, RMSNorm, SwiGLU)",
+    )
     parser.add_argument("--steps", type=int, default=30, help="training steps (1 or more)")
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument(
@@ -146,14 +163,18 @@ def main() -> None:
     data = report.collect()
     enabled = {p["name"] for p in data["plugins"] if p["state"] == "enabled"}
     tiny_gpt.init_parallel(pp=layout.pp, ep=layout.ep, vpp=layout.vpp)
-    cfg = tiny_gpt.make_config(
+    make_config, model_kwargs = MODELS[args.model]
+    cfg = getattr(tiny_gpt, make_config)(
         hidden_size=args.hidden,
         ffn_hidden_size=2 * args.hidden,
         **_feature_overrides(enabled, layout),
     )
-    chunks = tiny_gpt.build_model(cfg, vpp=layout.vpp)
+    chunks = tiny_gpt.build_model(cfg, vpp=layout.vpp, **model_kwargs)
     if rank == 0:
-        print(f"layout: {' '.join(layout.flags())} on {dist.get_world_size()} processes")
+        print(
+            f"model: {args.model}, {cfg.num_layers} layers; layout: {' '.join(layout.flags())} "
+            f"on {dist.get_world_size()} processes"
+        )
         demo_output.print_report(report.collect())
     started = time.perf_counter()
     try:

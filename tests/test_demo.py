@@ -169,6 +169,27 @@ def test_default_demo_writes_a_strict_json_report_with_every_plugins_work(tmp_pa
 
 
 @pytest.mark.multiprocess
+def test_the_kimi_shaped_model_gets_every_plugins_work(tmp_path: Path) -> None:
+    """``./scripts/demo.sh --model kimi`` (issue 44): Kimi-K2's architecture at tiny size (MLA, a
+    dense first layer, a shared expert, a sigmoid router with expert bias) at PP=2 x EP=2, with
+    every plugin's work measured after the run, the report and the trace summary."""
+    code, text, data = _demo(tmp_path, "--model", "kimi", "--steps", "6")
+    assert code == 0, text[-3000:]
+    assert "model: kimi, 4 layers; layout: --pp 2 --ep 2 on 4 processes" in text
+    assert data is not None and len(data["effects_per_rank"]) == 4
+    assert _effects(data, "rewind", "steps_checked") == [6] * 4
+    assert all(n > 0 for n in _effects(data, "fp8_blockwise", "fp8_gemms"))
+    assert all(n > 0 for n in _effects(data, "pp_rdma", "inline_messages"))
+    assert all(n > 0 for n in _effects(data, "moe_ep_overlap", "api_dispatches"))
+    offloaded = _effects(data, "act_offload", "offloaded_bytes")
+    assert offloaded[0] > 0 and offloaded[1] > 0  # stage 0: its MLA layers' saved tensors
+    assert _effects(data, "trace_analysis", "trace_files_written") == [1] * 4
+    assert "4 ranks analysed" in text
+    losses = [float(line.split()[3]) for line in text.splitlines() if line.startswith("step ")]
+    assert len(losses) == 6 and losses[-1] < losses[0]
+
+
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     ("args", "layout", "fault", "steps"),
     [

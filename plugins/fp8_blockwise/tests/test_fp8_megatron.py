@@ -145,6 +145,19 @@ def test_fp8_megatron_swiglu_input_stored_in_blockwise_fp8(gloo_pool1):
     assert 0 < max(gaps) <= 0.015
 
 
+def test_fp8_megatron_shared_expert_builds_and_trains_in_fp8(gloo_pool1):
+    # DeepSeek-V3 / Kimi-K2 MoE layers have a shared expert. On 0.16 without TE,
+    # SharedExpertMLP.__init__ of an fp8 config compared get_te_version() (None) to a Version:
+    # TypeError at model build (the te_version_check.shared_experts patch, 0.16 only).
+    extra = {"moe_shared_expert_intermediate_size": 64}
+    ref = gloo_pool1.run(_train_task, None, False, 3, 1, LR, extra)[0]
+    run = gloo_pool1.run(_train_task, {}, True, 3, 1, LR, extra)[0]
+    assert run["failed"] == []
+    assert run["effects"]["fp8_layer_calls"] > 0
+    gaps = _gaps(run["losses"], ref["losses"])
+    assert 0 < max(gaps) <= 0.015
+
+
 @pytest.mark.parametrize(
     "recompute",
     [

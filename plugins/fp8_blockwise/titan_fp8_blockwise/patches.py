@@ -197,6 +197,19 @@ def patches() -> list[Patch]:
             ":2294-2300 (0.19); utils.py get_te_version",
             remove_when="megatron-core checks HAVE_TE before comparing TE versions",
         ),
+        Patch(
+            id="fp8_blockwise.te_version_check.shared_experts",
+            target="megatron.core.transformer.moe.shared_experts:is_te_min_version",
+            replace=wrap_is_te_min_version,
+            rebind_aliases=False,
+            requires=megatron_lines("0.16", "0.16"),  # 0.17+: get_te_version() is 0.0.0
+            signature=Signature(positional=("version", "check_equality")),
+            rationale="A shared expert (DeepSeek-V3, Kimi-K2) in an fp8 config without TE: "
+            "SharedExpertMLP.__init__ asks is_te_min_version('2.6.0dev0'), which compares None "
+            "to a Version on 0.16 (TypeError at model build); answered as TE-absent.",
+            upstream="megatron/core/transformer/moe/shared_experts.py:65-69 (0.16.1)",
+            remove_when="megatron-core >= 0.17",
+        ),
     ]
     records += _linear_patches()
     for name, factory, params in (
