@@ -52,7 +52,14 @@ stop_tree() { # $1 and every descendant: each frozen as found (it starts no othe
     done
     i=$((i + 1))
   done
-  kill -KILL "${pids[@]}" 2>/dev/null || true
+  # Deepest first, the job's leader last: killed first, the leader would leave its stopped
+  # group orphaned, and the kernel wakes an orphaned stopped group with SIGHUP + SIGCONT, which
+  # torchrun answered ("Received 1 death signal, shutting down workers") before its own SIGKILL
+  # arrived (seen once in a full test run on 2 loaded cores). A process with SIGKILL pending
+  # runs no handler.
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+    kill -KILL "${pids[$i]}" 2>/dev/null || true
+  done
 }
 interrupted() { # $1: the exit status (130: Ctrl-C, 143: SIGTERM)
   trap "" INT TERM
