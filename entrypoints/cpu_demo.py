@@ -28,15 +28,7 @@ from titan_entrypoints.demo_layout import Layout, LayoutError, resolve
 
 DEFAULT_OUT = "demo_out"
 EXPERTS = 4  # tiny_gpt.make_config's (and make_kimi_config's) num_moe_experts
-# --model: the tiny_gpt config maker, and what GPTModel is built with
-MODELS: dict[str, tuple[str, dict[str, Any]]] = {
-    "gpt": ("make_config", {}),
-    # Kimi-K2: rotary positions only (MLA applies them), an untied output layer
-    "kimi": (
-        "make_kimi_config",
-        {"position_embedding_type": "rope", "share_embeddings_and_output_weights": False},
-    ),
-}
+MODELS = ("gpt", "kimi")  # --model: tiny_gpt.MODELS' shapes
 
 
 def _feature_overrides(enabled: set[str], layout: Layout) -> dict:
@@ -71,7 +63,7 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
     parser.add_argument("--vpp", type=int, default=None, help="virtual pipeline stages per rank")
     parser.add_argument(
         "--model",
-        choices=sorted(MODELS),
+        choices=MODELS,
         default="gpt",
         help="gpt: a Mixtral-style MoE GPT (standard attention, softmax top-2); kimi: Kimi-K2's "
         "architecture at tiny size (multi-latent attention, a dense first layer, one shared "
@@ -163,13 +155,13 @@ def main() -> None:
     data = report.collect()
     enabled = {p["name"] for p in data["plugins"] if p["state"] == "enabled"}
     tiny_gpt.init_parallel(pp=layout.pp, ep=layout.ep, vpp=layout.vpp)
-    make_config, model_kwargs = MODELS[args.model]
-    cfg = getattr(tiny_gpt, make_config)(
+    cfg = tiny_gpt.model_config(
+        args.model,
         hidden_size=args.hidden,
         ffn_hidden_size=2 * args.hidden,
         **_feature_overrides(enabled, layout),
     )
-    chunks = tiny_gpt.build_model(cfg, vpp=layout.vpp, **model_kwargs)
+    chunks = tiny_gpt.build_model(cfg, vpp=layout.vpp, **tiny_gpt.MODELS[args.model])
     if rank == 0:
         print(
             f"model: {args.model}, {cfg.num_layers} layers; layout: {' '.join(layout.flags())} "

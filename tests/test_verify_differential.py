@@ -140,6 +140,30 @@ def test_verify_names_a_plugin_that_perturbs_the_numbers_and_one_that_does_nothi
 
 
 @pytest.mark.multiprocess
+def test_the_kimi_shaped_layout_names_a_plugin_that_breaks_only_mla_or_the_shared_expert(
+    tmp_path, monkeypatch
+) -> None:
+    # neither is called by the MoE GPT (no MLA, no shared expert): only the Kimi-shaped model
+    # can show that they change the numbers
+    write_dist_info(
+        tmp_path,
+        "titan-verify-kimi-fixtures",
+        {"verify_break_mla": "titan_verify_break_mla", "verify_break_shared": "titan_verify_break_shared"},
+    )  # fmt: skip
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = differential.run(["verify_break_mla", "verify_break_shared"], ["kimi_pp2xep2"])
+    assert not result.passed
+    for name, counter in (("verify_break_mla", "mla"), ("verify_break_shared", "shared_expert")):
+        verdict = result.plugins[name]
+        assert verdict.problems and "losses differ from the off run" in verdict.problems[0], name
+        # 1% on one module's output: 7.8e-5 relative on the loss for MLA here; bit-identical
+        # (0.0) is what a plugin that changes nothing gives
+        assert verdict.runs["kimi_pp2xep2"]["max_loss_gap"] > 0.0, name
+        assert verdict.runs["kimi_pp2xep2"]["effects"][name][counter] > 0, name
+
+
+@pytest.mark.multiprocess
 def test_titan_plugins_verify_passes_every_plugin_this_project_ships(tmp_path) -> None:
     report = tmp_path / "verify.json"
     done = subprocess.run(
@@ -156,9 +180,9 @@ def test_titan_plugins_verify_passes_every_plugin_this_project_ships(tmp_path) -
         assert entry["regressions"] == [], (name, entry)
         judged = found["differential"]["plugins"][name]["runs"]
         if name == "moe_ep_overlap":  # megatron's flex dispatcher refuses EP = 1
-            assert sorted(judged) == ["pp2xep2"], judged
+            assert sorted(judged) == ["kimi_pp2xep2", "pp2xep2"], judged
         else:
-            assert sorted(judged) == ["pp2xep2", "pp2xvpp2"], (name, judged)
+            assert sorted(judged) == ["kimi_pp2xep2", "pp2xep2", "pp2xvpp2"], (name, judged)
     assert found["differential"]["verdict"] == "PASS"
     assert found["seconds"] < 30 * 60  # the budget for the default check on 2 cores
 

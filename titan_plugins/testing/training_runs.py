@@ -74,7 +74,7 @@ def _numbers(found: Any, prefix: str = "") -> dict[str, float]:
 
 
 def run_task(
-    layout: dict[str, int],
+    layout: dict[str, Any],
     runs: list[tuple[str, list[str]]],
     plugin_specs: dict[str, Any],
     checkout: str | None = None,
@@ -102,13 +102,15 @@ def run_task(
 
 
 def _one_run(
-    layout: dict[str, int], plugins: list[str], plugin_specs: dict[str, Any]
+    layout: dict[str, Any], plugins: list[str], plugin_specs: dict[str, Any]
 ) -> dict[str, Any]:
     """One training run on this rank, from the layout's seeded initial weights."""
     from titan_plugins import report
     from titan_plugins.hosts.megatron.testing import tiny_gpt
 
-    tiny_gpt.init_parallel(**layout)
+    parallel = {key: value for key, value in layout.items() if key != "model"}
+    model = str(layout.get("model", "gpt"))  # the shape: tiny_gpt.MODELS
+    tiny_gpt.init_parallel(**parallel)
     config = {**BASE_CONFIG, **(VPP_CONFIG if layout.get("vpp") else {})}
     with tempfile.TemporaryDirectory(prefix="titan-verify-") as scratch:
         env: dict[str, str] = {}
@@ -119,8 +121,8 @@ def _one_run(
             )
         with _active(plugins, env) as engine:
             before = {p: _numbers(v) for p, v in report.effects().items()}
-            cfg = tiny_gpt.make_config(**config)
-            chunks = tiny_gpt.build_model(cfg)
+            cfg = tiny_gpt.model_config(model, **config)
+            chunks = tiny_gpt.build_model(cfg, **tiny_gpt.MODELS[model])
             losses, norms = tiny_gpt.train(chunks, cfg, STEPS, MICROBATCHES)
             after = {p: _numbers(v) for p, v in report.effects().items()}
             failed = [p.id for p in engine.patches() if p.status == "failed"] if engine else []

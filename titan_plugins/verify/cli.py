@@ -61,7 +61,10 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--only", default="", help="comma list of plugins (default: every installed)")
     p.add_argument(
-        "--layouts", default="", help="comma list of layouts: pp2xep2, pp2xvpp2 (default: both)"
+        "--layouts",
+        default="",
+        help="comma list of layouts: pp2xep2, pp2xvpp2 (the MoE GPT), kimi_pp2xep2 (Kimi-K2's "
+        "architecture: MLA, shared expert) (default: all three)",
     )
     p.add_argument(
         "--world-sizes",

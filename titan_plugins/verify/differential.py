@@ -4,7 +4,8 @@ on this Megatron, and nothing else?
 Megatron's own unit tests check shapes, counts and self-consistency; a plugin that scales every
 linear output by 1.01 passes them. So a tiny MoE GPT is built and trained by the Megatron this
 process imports (its own ``GPTModel``, schedules, ``finalize_model_grads`` and optimizer, on gloo
-with the core's CPU harness) in two layouts, PP=2 x EP=2 and PP=2 x VPP=2 (4 ranks): once with
+with the core's CPU harness) in two layouts, PP=2 x EP=2 and PP=2 x VPP=2 (4 ranks), and as the
+mission's model, Kimi-K2's architecture at tiny size (MLA, shared expert), at PP=2 x EP=2: once with
 every plugin off, once with each plugin alone, and once with all of them on. Every run is a fresh
 4-process job (no plugin state survives from one run into the next) and starts from the same
 weights and data (the runs: :mod:`titan_plugins.testing.training_runs`). Then, per plugin and
@@ -39,11 +40,15 @@ from titan_plugins.hosts import HOSTS
 from titan_plugins.patching import gates, origin
 from titan_plugins.verify import interrupt, selection
 
-LAYOUTS: dict[str, dict[str, int]] = {
+LAYOUTS: dict[str, dict[str, Any]] = {
     "pp2xep2": {"pp": 2, "ep": 2},
     "pp2xvpp2": {"pp": 2, "vpp": 2},
+    "kimi_pp2xep2": {"pp": 2, "ep": 2, "model": "kimi"},
 }
-"""The layouts the check trains in (4 ranks each: the rest is data parallelism)."""
+"""The layouts the check trains in (4 ranks each: the rest is data parallelism), each with a
+model shape (``model``, default the MoE GPT; tiny_gpt.MODELS): ``kimi_pp2xep2`` is Kimi-K2's
+architecture at tiny size (multi-latent attention, a dense first layer, a shared expert, a
+sigmoid router with expert bias), the mission's model."""
 WORLD_SIZE = 4
 OFF, ALL = "off", "all"
 

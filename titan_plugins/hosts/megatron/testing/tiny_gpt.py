@@ -49,6 +49,8 @@ __all__ = [
     "load_global_state_dict",
     "make_config",
     "make_kimi_config",
+    "MODELS",
+    "model_config",
     "make_optimizer",
     "state_snapshot",
     "train",
@@ -234,6 +236,27 @@ def make_kimi_config(**overrides: Any) -> TransformerConfig:
     )
     fields.update(overrides)
     return MLATransformerConfig(**_config_fields(fields))
+
+
+MODELS: dict[str, dict[str, Any]] = {
+    "gpt": {},
+    # Kimi-K2: rotary positions only (MLA applies them), an untied output layer
+    "kimi": {"position_embedding_type": "rope", "share_embeddings_and_output_weights": False},
+}
+"""The model shapes, by name (the demo's ``--model``, verify's layouts): what ``build_model``
+passes to ``GPTModel`` for each; ``model_config`` makes each one's config."""
+
+
+def model_config(model: str, **overrides: Any) -> TransformerConfig:
+    """The config of model shape ``model`` (``"gpt"``: ``make_config``; ``"kimi"``:
+    ``make_kimi_config``); build it with ``build_model(cfg, **MODELS[model])``.
+
+    :raises ValueError: an unknown shape.
+    """
+    makers = {"gpt": make_config, "kimi": make_kimi_config}
+    if model not in makers:
+        raise ValueError(f"unknown model {model!r}; models: {', '.join(makers)}")
+    return makers[model](**overrides)
 
 
 def _pipeline_layers() -> int:
