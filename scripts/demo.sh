@@ -52,14 +52,13 @@ stop_tree() { # $1 and every descendant: each frozen as found (it starts no othe
     done
     i=$((i + 1))
   done
-  # Deepest first, the job's leader last: killed first, the leader would leave its stopped
-  # group orphaned, and the kernel wakes an orphaned stopped group with SIGHUP + SIGCONT, which
-  # torchrun answered ("Received 1 death signal, shutting down workers") before its own SIGKILL
-  # arrived (seen once in a full test run on 2 loaded cores). A process with SIGKILL pending
-  # runs no handler.
-  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-    kill -KILL "${pids[$i]}" 2>/dev/null || true
-  done
+  # The job's process group first, in one atomic kill (set -m made $1 its leader: the
+  # subshells, the filter and torchrun), then the rest (the workers, in sessions of their own).
+  # Killed one by one, the leader first, the stopped group was left orphaned, and the kernel
+  # wakes such a group with SIGHUP + SIGCONT: torchrun printed "Received 1 death signal,
+  # shutting down workers" before its own SIGKILL landed (a full run on 2 loaded cores).
+  kill -KILL -- "-$1" 2>/dev/null || true
+  kill -KILL "${pids[@]}" 2>/dev/null || true
 }
 interrupted() { # $1: the exit status (130: Ctrl-C, 143: SIGTERM)
   trap "" INT TERM
