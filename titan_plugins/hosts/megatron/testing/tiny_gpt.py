@@ -282,67 +282,52 @@ def build_model(
     ``make_config(normalization="RMSNorm", gated_linear_unit=True, ...)``).
     """
     from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     vpp = vpp or cfg.virtual_pipeline_model_parallel_size
+    chunks = []
+    for index in range(vpp or 1):
+        vp_stage = index if vpp else None
+        chunks.append(
+            GPTModel(
+                cfg,
+                _layer_spec(cfg, vp_stage),
+                vocab_size=VOCAB,
+                max_sequence_length=SEQ,
+                pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+                post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+                vp_stage=vp_stage,
+                **gpt_kwargs,
+            )
+        )
+    return wrap_ddp(chunks, cfg) if ddp else chunks
+
+
+def _layer_spec(cfg: TransformerConfig, vp_stage: int | None) -> Any:
+    """megatron's local (non-TE) spec for ``cfg``: one layer spec for a uniform MoE GPT; for MLA
+    or mixed dense / MoE layers megatron's block spec (one spec per layer of this stage), with
+    the CPU core attention in the MLA layers."""
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_decoder_block_spec,
+        get_gpt_layer_local_spec,
+    )
+
     if cfg.multi_latent_attention or cfg.moe_layer_freq != 1:
-        # MLA and mixed dense / MoE layers: megatron's block spec (one spec per layer, this
-        # stage's layers only), with the CPU core attention in the MLA layers
-        return _build_from_block_spec(cfg, vpp, ddp, gpt_kwargs)
+        from titan_plugins.hosts.megatron.testing.mla_attention import with_mla_core_attention
+
+        return with_mla_core_attention(
+            get_gpt_decoder_block_spec(
+                cfg,
+                use_transformer_engine=False,
+                normalization=cfg.normalization,
+                vp_stage=vp_stage,
+            )
+        )
     if cfg.normalization == "LayerNorm":
-        spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts)
-    else:
-        spec = get_gpt_layer_local_spec(
-            num_experts=cfg.num_moe_experts, normalization=cfg.normalization
-        )
-    chunks = []
-    for index in range(vpp or 1):
-        vp_stage = index if vpp else None
-        chunks.append(
-            GPTModel(
-                cfg,
-                spec,
-                vocab_size=VOCAB,
-                max_sequence_length=SEQ,
-                pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
-                post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
-                vp_stage=vp_stage,
-                **gpt_kwargs,
-            )
-        )
-    return wrap_ddp(chunks, cfg) if ddp else chunks
-
-
-def _build_from_block_spec(
-    cfg: TransformerConfig, vpp: int | None, ddp: bool, gpt_kwargs: dict[str, Any]
-) -> list:
-    """``build_model`` for configs the single layer spec cannot express (MLA, dense layers)."""
-    from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
-    from megatron.core.models.gpt.gpt_model import GPTModel
-
-    from titan_plugins.hosts.megatron.testing.mla_attention import with_mla_core_attention
-
-    chunks = []
-    for index in range(vpp or 1):
-        vp_stage = index if vpp else None
-        spec = get_gpt_decoder_block_spec(
-            cfg, use_transformer_engine=False, normalization=cfg.normalization, vp_stage=vp_stage
-        )
-        chunks.append(
-            GPTModel(
-                cfg,
-                with_mla_core_attention(spec),
-                vocab_size=VOCAB,
-                max_sequence_length=SEQ,
-                pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
-                post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
-                vp_stage=vp_stage,
-                **gpt_kwargs,
-            )
-        )
-    return wrap_ddp(chunks, cfg) if ddp else chunks
+        return get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts)
+    return get_gpt_layer_local_spec(
+        num_experts=cfg.num_moe_experts, normalization=cfg.normalization
+    )
 
 
 def wrap_ddp(chunks: list, cfg: TransformerConfig) -> list:
