@@ -28,7 +28,9 @@ from titan_entrypoints.demo_layout import Layout, LayoutError, resolve
 
 DEFAULT_OUT = "demo_out"
 EXPERTS = 4  # tiny_gpt.make_config's (and make_kimi_config's) num_moe_experts
-MODELS = ("gpt", "kimi")  # --model: tiny_gpt.MODELS' shapes
+# --model: tiny_gpt.MODELS' names (this module is imported before torch may exist, by
+# demo_layout.preflight; test_harness_mla checks the two agree)
+MODELS = ("gpt", "kimi")
 
 
 def _feature_overrides(enabled: set[str], layout: Layout) -> dict:
@@ -161,7 +163,7 @@ def main() -> None:
         ffn_hidden_size=2 * args.hidden,
         **_feature_overrides(enabled, layout),
     )
-    chunks = tiny_gpt.build_model(cfg, vpp=layout.vpp, **tiny_gpt.MODELS[args.model])
+    chunks = tiny_gpt.build_model(cfg, vpp=layout.vpp, **tiny_gpt.MODELS[args.model].gpt_kwargs)
     if rank == 0:
         print(
             f"model: {args.model}, {cfg.num_layers} layers; layout: {' '.join(layout.flags())} "

@@ -21,7 +21,7 @@ from titan_plugins.hosts.megatron.testing import tiny_gpt
 pytestmark = pytest.mark.multiprocess
 
 STEPS = 5
-KIMI_MODEL = {"position_embedding_type": "rope", "share_embeddings_and_output_weights": False}
+KIMI_MODEL = tiny_gpt.MODELS["kimi"].gpt_kwargs
 
 
 def core_attention_against_the_formula() -> dict:
@@ -50,6 +50,12 @@ def core_attention_against_the_formula() -> dict:
     scores = scores.masked_fill(causal, float("-inf"))
     expected = (scores.softmax(-1) @ v).permute(2, 0, 1, 3).reshape(sq, b, heads * v_dim)
     return {"shape": tuple(out.shape), "max_error": (out.double() - expected).abs().max().item()}
+
+
+def test_the_demo_offers_the_model_shapes_tiny_gpt_has() -> None:
+    from titan_entrypoints import cpu_demo
+
+    assert cpu_demo.MODELS == tuple(tiny_gpt.MODELS)
 
 
 def test_the_mla_core_attention_computes_the_attention_formula(gloo_pool1) -> None:

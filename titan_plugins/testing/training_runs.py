@@ -122,7 +122,7 @@ def _one_run(
         with _active(plugins, env) as engine:
             before = {p: _numbers(v) for p, v in report.effects().items()}
             cfg = tiny_gpt.model_config(model, **config)
-            chunks = tiny_gpt.build_model(cfg, **tiny_gpt.MODELS[model])
+            chunks = tiny_gpt.build_model(cfg, **tiny_gpt.MODELS[model].gpt_kwargs)
             losses, norms = tiny_gpt.train(chunks, cfg, STEPS, MICROBATCHES)
             after = {p: _numbers(v) for p, v in report.effects().items()}
             failed = [p.id for p in engine.patches() if p.status == "failed"] if engine else []

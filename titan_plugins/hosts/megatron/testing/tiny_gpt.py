@@ -17,6 +17,8 @@ megatron is imported lazily (inside functions), so importing this module is chea
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -50,6 +52,7 @@ __all__ = [
     "make_config",
     "make_kimi_config",
     "MODELS",
+    "ModelShape",
     "model_config",
     "make_optimizer",
     "state_snapshot",
@@ -165,7 +168,7 @@ def _config_fields(overrides: dict[str, Any]) -> dict[str, Any]:
     pp = ps.get_pipeline_model_parallel_world_size()
     vpp = ps.get_virtual_pipeline_model_parallel_world_size()
     fields: dict[str, Any] = dict(
-        num_layers=max(2, pp * (vpp or 1)),
+        num_layers=max(2, _pipeline_layers()),
         hidden_size=64,
         num_attention_heads=4,
         ffn_hidden_size=128,
@@ -206,9 +209,8 @@ def make_kimi_config(**overrides: Any) -> TransformerConfig:
     experts top-2 plus one shared expert, a sigmoid router with the aux-loss-free expert bias and
     group-limited routing (2 groups, top-1 group), RMSNorm and SwiGLU; the rest as
     ``make_config`` (parallel sizes from ``init_parallel``, fp32, CPU initialisation). Build it
-    with ``build_model(cfg, position_embedding_type="rope",
-    share_embeddings_and_output_weights=False)`` (Kimi-K2 has no absolute positions and an
-    untied output layer); ``build_model`` puts the CPU core attention into the MLA layers.
+    with ``build_model(cfg, **MODELS["kimi"].gpt_kwargs)`` (no absolute positions, an untied
+    output layer); ``build_model`` puts the CPU core attention into the MLA layers.
     """
     from megatron.core.transformer.transformer_config import MLATransformerConfig
 
@@ -238,25 +240,34 @@ def make_kimi_config(**overrides: Any) -> TransformerConfig:
     return MLATransformerConfig(**_config_fields(fields))
 
 
-MODELS: dict[str, dict[str, Any]] = {
-    "gpt": {},
+@dataclass(frozen=True)
+class ModelShape:
+    """A model shape: the maker of its config and what ``build_model`` passes to ``GPTModel``."""
+
+    config: Callable[..., TransformerConfig]
+    gpt_kwargs: dict[str, Any]
+
+
+MODELS: dict[str, ModelShape] = {
+    "gpt": ModelShape(make_config, {}),
     # Kimi-K2: rotary positions only (MLA applies them), an untied output layer
-    "kimi": {"position_embedding_type": "rope", "share_embeddings_and_output_weights": False},
+    "kimi": ModelShape(
+        make_kimi_config,
+        {"position_embedding_type": "rope", "share_embeddings_and_output_weights": False},
+    ),
 }
-"""The model shapes, by name (the demo's ``--model``, verify's layouts): what ``build_model``
-passes to ``GPTModel`` for each; ``model_config`` makes each one's config."""
+"""The model shapes by name (the demo's ``--model``, verify's layouts): build one with
+``build_model(model_config(name, ...), **MODELS[name].gpt_kwargs)``."""
 
 
 def model_config(model: str, **overrides: Any) -> TransformerConfig:
-    """The config of model shape ``model`` (``"gpt"``: ``make_config``; ``"kimi"``:
-    ``make_kimi_config``); build it with ``build_model(cfg, **MODELS[model])``.
+    """The config of model shape ``model`` (a key of ``MODELS``), ``overrides`` applied.
 
     :raises ValueError: an unknown shape.
     """
-    makers = {"gpt": make_config, "kimi": make_kimi_config}
-    if model not in makers:
-        raise ValueError(f"unknown model {model!r}; models: {', '.join(makers)}")
-    return makers[model](**overrides)
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; models: {', '.join(MODELS)}")
+    return MODELS[model].config(**overrides)
 
 
 def _pipeline_layers() -> int:
